@@ -1,0 +1,40 @@
+"""Installs tf_adabatch. `pip install -e .` for use, `pip install -e '.[test]'` to develop."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tf_adabatch",
+    version="0.1.0",
+    description="Adaptive batch sizes (SimiGrad) and AdaScale learning rates for tf.distribute and Keras.",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tf_adabatch", "tf_adabatch.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # Keras 3 comes with TF >= 2.16. The upper bounds are the newest versions the
+        # suite ran on: the engine relies on two private Keras behaviours (the
+        # optimizer's internal all-reduce and the order of `Model.losses`), pinned by
+        # tests/test_keras_private.py; raise the bounds when that test passes.
+        "tensorflow>=2.16,<2.22",
+        "keras>=3.3,<3.16",
+        # TF 2.21 no longer installs TensorBoard; tf.summary needs it.
+        "tensorboard>=2.16",
+        "absl-py>=2.0",
+        "ml-collections>=0.1.1",
+        "tensorflow-datasets>=4.9",
+        # tfds 4.9.x needs it for a custom builder's download_and_prepare on 3.11.
+        "importlib_resources>=6",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "scikit-learn>=1.3",
+            # Exact versions: a formatter or checker upgrade must not fail CI by itself.
+            "ruff==0.17.6",
+            "mypy==2.4.1",
+        ],
+    },
+)

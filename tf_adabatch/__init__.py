@@ -1,0 +1,26 @@
+"""tf_adabatch: adaptive batch sizes (SimiGrad) and AdaScale learning rates for tf.distribute.
+
+The public API, in one place:
+
+>>> import tf_adabatch
+>>> sorted(name for name in tf_adabatch.__all__)[:3]
+['AdaptiveEngine', 'AdaptiveState', 'BatchPolicy']
+"""
+
+from tf_adabatch import stats
+from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
+from tf_adabatch.state import AdaptiveState
+from tf_adabatch.trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveEngine",
+    "AdaptiveState",
+    "BatchPolicy",
+    "StaticPolicy",
+    "StepStats",
+    "Trainer",
+    "stats",
+]

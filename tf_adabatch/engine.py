@@ -1,0 +1,536 @@
+"""The distributed adaptive step: micro-steps, one all-reduce, statistics, policy, apply.
+
+Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
+
+    k x micro-step (replica context)   forward + backward on m examples; add the
+                                        gradient to a per-replica accumulator and its
+                                        squared norm to a float64 scalar
+    reduce (replica context)           ONE gradient-sized all-reduce (in exact mode of
+                                        the two groups' sums stacked, [A, B]), one
+                                        float64 scalar all-reduce; gbar = sum / n
+    statistics (cross-replica context) moments, moving averages, gain, similarity
+    apply (cross-replica tf.cond)      the Keras optimizer applies gbar, with its own
+                                        all-reduce bypassed; skipped if not finite
+    policy (cross-replica context)     the next batch size, as accumulation steps k
+
+k is read from a variable, so changing it never retraces. The engine is written once
+and serves the custom loop (`tf_adabatch.Trainer`) and, later, `model.fit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_adabatch import stats as S
+from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
+from tf_adabatch.state import AdaptiveState
+
+__all__ = ["SIMILARITY_MODES", "AdaptiveEngine"]
+
+SIMILARITY_MODES = ("exact", "estimated")
+_F64 = tf.float64
+_ON_READ = {
+    "synchronization": tf.VariableSynchronization.ON_READ,
+    "aggregation": tf.VariableAggregation.SUM,
+    "trainable": False,
+}
+
+
+class _AllReduceBypass:
+    """Makes a Keras optimizer's internal gradient all-reduce the identity, on demand.
+
+    Keras 3's TF optimizer all-reduces the gradients inside `apply_gradients`
+    (`TFOptimizer._backend_update_step` -> `_all_reduce_sum_gradients`). The engine has
+    already all-reduced them, so it switches that step off while it applies (the switch
+    is flipped around the `strategy.run` call, at trace time). Keras has no public
+    switch; `tests/test_keras_private.py` pins this behaviour.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
+        self.active = False
+        for opt in _optimizer_chain(optimizer):
+            original = getattr(opt, "_all_reduce_sum_gradients", None)
+            if original is None:
+                raise RuntimeError(
+                    "tf_adabatch needs Keras's TF optimizer method "
+                    "`_all_reduce_sum_gradients`, which this Keras version "
+                    f"({keras.__version__}) does not have. Use a supported Keras "
+                    "version (see setup.py)."
+                )
+            opt._all_reduce_sum_gradients = self._wrap(original)
+
+    def _wrap(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def all_reduce_sum_gradients(grads_and_vars: Any) -> Any:
+            if self.active:
+                return list(grads_and_vars)
+            return original(grads_and_vars)
+
+        return all_reduce_sum_gradients
+
+
+def _optimizer_chain(optimizer: Any) -> list[Any]:
+    chain = [optimizer]
+    while getattr(chain[-1], "inner_optimizer", None) is not None:
+        chain.append(chain[-1].inner_optimizer)
+    return chain
+
+
+def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """Returns a function computing unreduced, unscaled per-example losses.
+
+    A Keras `Loss` object's `__call__` reduces and divides by the replica count under a
+    strategy; its public `call` does neither. A string is resolved with
+    `keras.losses.get`; any other callable must return per-example losses.
+    """
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss.call
+    if callable(loss):
+        return loss
+    raise TypeError(
+        "Argument `loss` must be a Keras `Loss`, a loss name or a callable "
+        f"`(y_true, y_pred) -> per-example losses`. Received: loss={loss!r}"
+    )
+
+
+def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
+    """First local replica's value: identical on all replicas by construction."""
+    return strategy.experimental_local_results(value)[0]
+
+
+class AdaptiveEngine:
+    """The distributed adaptive training step, shared by every front door.
+
+    Args:
+      model: a built Keras model (its variables exist).
+      loss: a Keras `Loss`, a loss name, or `(y_true, y_pred) -> per-example losses`.
+      optimizer: any Keras optimizer. The engine owns it: it bypasses the optimizer's
+        internal all-reduce while the engine applies gradients (other use of the
+        optimizer is unaffected). `clipnorm`/`global_clipnorm` act on the global
+        gradient.
+      micro_batch_size: m, examples per replica per micro-step (fixed).
+      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
+        Defaults to the policy's initial batch size.
+      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
+      similarity: "exact" (the two groups' gradients, one stacked all-reduce) or
+        "estimated" (from the scalar moments, no extra communication).
+      ema_decay: decay of the moving averages; `None` uses fairscale's
+        max(1 - n/1000, 0) with n the micro-gradients of the step.
+      min_variance: per-step floor of tr(Sigma)/B0 (fairscale's 1e-6).
+      jit_compile: XLA-compile the replica functions (the micro-step always; the
+        reduce and apply steps too on a single replica).
+      strategy: defaults to the current `tf.distribute` strategy.
+
+    Groups: micro-gradient i of replica r belongs to group A if (i*N + r) is even. With
+    an even number of replicas N this is "even replicas vs odd replicas" (SimiGrad's
+    replica groups); with one replica it is even vs odd micro-steps (needs k >= 2);
+    with an odd N > 1 the groups differ by at most one micro-gradient, and since the
+    cosine does not depend on the groups' weights, each group's mean is exact.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+    ...                         micro_batch_size=4, policy=StaticPolicy(8))
+    >>> engine.accumulation_steps, engine.batch_size
+    (2, 8)
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        loss: Any,
+        optimizer: keras.optimizers.Optimizer,
+        micro_batch_size: int,
+        base_batch_size: int | None = None,
+        policy: BatchPolicy | None = None,
+        similarity: str = "exact",
+        ema_decay: float | None = None,
+        min_variance: float = 1e-6,
+        jit_compile: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> None:
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.model = model
+        self.optimizer = optimizer
+        self.num_replicas = int(self.strategy.num_replicas_in_sync)
+        _check_positive_int("micro_batch_size", micro_batch_size)
+        self.micro_batch_size = micro_batch_size
+        if similarity not in SIMILARITY_MODES:
+            raise ValueError(
+                f"Argument `similarity` must be one of {SIMILARITY_MODES}. "
+                f"Received: similarity={similarity!r}"
+            )
+        self.similarity_mode = similarity
+        if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
+            raise ValueError(
+                f"Argument `ema_decay` must be in [0, 1) or None. Received: ema_decay={ema_decay!r}"
+            )
+        self.ema_decay = ema_decay
+        if not min_variance >= 0.0:
+            raise ValueError(
+                f"Argument `min_variance` must be >= 0. Received: min_variance={min_variance!r}"
+            )
+        self.min_variance = min_variance
+        if getattr(optimizer, "gradient_accumulation_steps", None):
+            raise ValueError(
+                "The optimizer has `gradient_accumulation_steps="
+                f"{optimizer.gradient_accumulation_steps}`; tf_adabatch accumulates "
+                "gradients itself. Create the optimizer without it."
+            )
+        if not model.built or not model.trainable_variables:
+            raise ValueError(
+                "Argument `model` must be built and have trainable variables: create it "
+                "with a `keras.Input` or call it once on a batch first."
+            )
+        self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
+        self._min_k = 2 if (self.num_replicas == 1 and similarity == "exact") else 1
+        k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
+        self.base_batch_size = base_batch_size or self.policy.initial_batch_size
+        _check_positive_int("base_batch_size", self.base_batch_size)
+
+        self._loss_fn = per_example_loss_fn(loss)
+        self._variables = list(model.trainable_variables)
+        # Exact mode keeps two accumulators per replica when a replica's micro-steps
+        # fall into both groups (odd N, including N = 1); with even N a replica's
+        # micro-steps all fall into one group and a mask suffices.
+        self._two_slots = similarity == "exact" and self.num_replicas % 2 == 1
+        self._differenced = similarity == "estimated" and self.num_replicas == 1
+        with self.strategy.scope():
+            self.state = AdaptiveState(accumulation_steps=k0)
+            if not optimizer.built:
+                optimizer.build(self._variables)
+            self._acc = [self._zeros_like(v, "acc") for v in self._variables]
+            self._acc_odd = (
+                [self._zeros_like(v, "acc_odd") for v in self._variables] if self._two_slots else []
+            )
+            self._prev = (
+                [self._zeros_like(v, "prev_grad") for v in self._variables]
+                if self._differenced
+                else []
+            )
+            # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
+            self._scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
+        self._bypass = _AllReduceBypass(optimizer)
+        self.trace_count = 0
+
+        wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
+        self._micro_fn = wrap(self._micro_step)
+        single = self.num_replicas == 1
+        self._reduce_fn = wrap(self._reduce_step) if single else self._reduce_step
+        self._apply_fn = wrap(self._apply_step) if single else self._apply_step
+        self._step_fn = tf.function(self._train_step)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def accumulation_steps(self) -> int:
+        """k, micro-steps per optimizer step."""
+        return int(self.state.accumulation_steps.numpy())
+
+    @property
+    def batch_size(self) -> int:
+        """The current global batch size B = k x replicas x micro-batch."""
+        return self.accumulation_steps * self.num_replicas * self.micro_batch_size
+
+    def smoothed_moments(self) -> S.NoiseMoments:
+        """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
+        state = self.state
+        return S.NoiseMoments(
+            S.debias(state.grad_sqr_biased, state.ema_weight),
+            S.debias(state.trace_sigma_biased, state.ema_weight),
+        )
+
+    def reset_accumulation(self) -> None:
+        """Discards a partly accumulated step (e.g. after the data ran out mid-step)."""
+        self.strategy.run(self._reset_step)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Sets the global batch size of the next step (no retrace). Host code only.
+
+        Raises:
+          ValueError: if it is not a multiple of replicas x micro-batch, or too small.
+        """
+        self.state.accumulation_steps.assign(self._batch_to_k_checked("batch_size", batch_size))
+
+    def train_step(self, iterator: Iterator[Any]) -> dict[str, tf.Tensor]:
+        """Runs one optimizer step, consuming k micro-batches per replica.
+
+        Args:
+          iterator: an iterator over a distributed dataset of per-replica micro-batches
+            of `micro_batch_size` examples, `(x, y)` or `(x, y, sample_weight)`.
+
+        Returns:
+          A dict of scalar tensors: loss, batch_size, accumulation_steps, gain,
+          similarity, noise_scale, grad_sqr, grad_var, learning_rate, progress,
+          samples_seen, skipped_steps, applied (1.0 or 0.0).
+        """
+        return self._step_fn(iterator)
+
+    # ------------------------------------------------------------- replica context
+
+    def _zeros_like(self, v: Any, prefix: str) -> tf.Variable:
+        name = f"{prefix}/{v.path}".replace(":", "_") if hasattr(v, "path") else prefix
+        return tf.Variable(tf.zeros(v.shape, dtype=v.dtype), name=name, **_ON_READ)
+
+    def _extra_losses(self) -> tf.Tensor:
+        """Activity / `add_loss` losses of the last forward pass, without weight regularizers.
+
+        Keras 3 lists a model's `losses` as its own and its sublayers' added losses
+        followed by one loss per regularized trainable weight (pinned by
+        `tests/test_keras_private.py`). Weight regularizers are applied once per step
+        in `_apply_step` instead: they are the same for every micro-batch and would
+        inflate the groups' similarity.
+        """
+        losses = self.model.losses
+        n_weight = sum(1 for v in self._variables if getattr(v, "regularizer", None) is not None)
+        extra = losses[: len(losses) - n_weight]
+        if not extra:
+            return tf.constant(0.0, tf.float32)
+        return tf.add_n([tf.cast(x, tf.float32) for x in extra])
+
+    def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self.model(x, training=True)
+            per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
+            if sample_weight is not None:
+                sw = tf.cast(sample_weight, tf.float32)
+                sw = tf.reshape(
+                    sw,
+                    tf.concat(
+                        [tf.shape(sw), tf.ones([tf.rank(per_example) - tf.rank(sw)], tf.int32)], 0
+                    ),
+                )
+                per_example = per_example * sw
+            data_loss = tf.reduce_mean(per_example)
+            loss = data_loss + self._extra_losses()
+        grads = tape.gradient(loss, self._variables)
+        grads = [
+            tf.zeros(v.shape, v.dtype) if g is None else tf.cast(tf.convert_to_tensor(g), v.dtype)
+            for g, v in zip(grads, self._variables, strict=True)
+        ]
+        if self._two_slots:
+            replica = tf.cast(
+                tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64
+            )
+            odd = (
+                tf.math.floormod(tf.cast(micro_index, tf.int64) * self.num_replicas + replica, 2)
+                == 1
+            )
+
+            def add(slot: list[tf.Variable]) -> Callable[[], None]:
+                def fn() -> None:
+                    for a, g in zip(slot, grads, strict=True):
+                        a.assign_add(g)
+
+                return fn
+
+            tf.cond(odd, add(self._acc_odd), add(self._acc))
+        else:
+            for a, g in zip(self._acc, grads, strict=True):
+                a.assign_add(g)
+        self._scalars.assign_add(
+            tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
+        )
+
+    def _reduce_step(self) -> dict[str, tf.Tensor]:
+        ctx = tf.distribute.get_replica_context()
+        local = [a.read_value() for a in self._acc]
+        out: dict[str, tf.Tensor] = {}
+        if self.similarity_mode == "exact":
+            if self._two_slots:
+                parts = [
+                    tf.stack([a, b.read_value()]) for a, b in zip(local, self._acc_odd, strict=True)
+                ]
+            else:
+                odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
+                parts = [
+                    tf.where(odd, tf.stack([tf.zeros_like(a), a]), tf.stack([a, tf.zeros_like(a)]))
+                    for a in local
+                ]
+            stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
+            sum_a = [p[0] for p in stacked]
+            sum_b = [p[1] for p in stacked]
+            total = [a + b for a, b in zip(sum_a, sum_b, strict=True)]
+            # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
+            out["dot_ab"] = S.dot(sum_a, sum_b)
+            out["sq_a"] = S.sum_of_squares(sum_a)
+            out["sq_b"] = S.sum_of_squares(sum_b)
+        else:
+            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
+        n = scalars[2]
+        gbar = [t / tf.cast(n, t.dtype) for t in total]
+        out["num_micro"] = n
+        out["mean_sq"] = scalars[0] / n
+        out["loss"] = scalars[1] / n
+        out["grad_mean_sq"] = S.sum_of_squares(gbar)
+        if self._differenced:
+            out["dot_prev"] = S.dot(gbar, [p.read_value() for p in self._prev])
+            out["diff_sq"] = S.sum_of_squares(
+                [g - p.read_value() for g, p in zip(gbar, self._prev, strict=True)]
+            )
+            finite = tf.math.is_finite(out["grad_mean_sq"]) & tf.math.is_finite(out["mean_sq"])
+            for p, g in zip(self._prev, gbar, strict=True):
+                p.assign(tf.where(finite, g, p.read_value()))
+        # The apply step reads gbar back from the (now spent) accumulators.
+        for a, g in zip(self._acc, gbar, strict=True):
+            a.assign(g)
+        return out
+
+    def _apply_step(self) -> None:
+        grads = [a.read_value() for a in self._acc]
+        regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
+        if regularized:
+            with tf.GradientTape() as tape:
+                reg = tf.add_n([tf.cast(v.regularizer(v), tf.float32) for v in regularized])
+            reg_grads = tape.gradient(reg, self._variables)
+            grads = [
+                g if r is None else g + tf.cast(r, g.dtype)
+                for g, r in zip(grads, reg_grads, strict=True)
+            ]
+        self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
+
+    def _reset_step(self) -> None:
+        for a in [*self._acc, *self._acc_odd]:
+            a.assign(tf.zeros_like(a))
+        self._scalars.assign(tf.zeros_like(self._scalars))
+
+    # ------------------------------------------------------- cross-replica context
+
+    def _train_step(self, iterator: Iterator[Any]) -> dict[str, tf.Tensor]:
+        self.trace_count += 1  # Python side effect: runs once per trace.
+        strategy = self.strategy
+        state = self.state
+        k = state.accumulation_steps.read_value()
+        for i in tf.range(k):
+            strategy.run(self._micro_fn, args=(next(iterator), i))
+        per_replica = strategy.run(self._reduce_fn)
+        step = {name: _local(strategy, v) for name, v in per_replica.items()}
+        finite, logs = self._update_statistics(step, k)
+        logs["learning_rate"] = tf.cast(self.optimizer.learning_rate, _F64)
+        self._bypass.active = True
+        try:
+            tf.cond(finite, lambda: strategy.run(self._apply_fn), lambda: None)
+        finally:
+            self._bypass.active = False
+        strategy.run(self._reset_step)
+        logs.update(self._advance(finite, k, logs))
+        return logs
+
+    def _update_statistics(
+        self, step: dict[str, tf.Tensor], k: tf.Tensor
+    ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """Moments, moving averages, gain and similarity; returns (finite, logs)."""
+        state = self.state
+        n = step["num_micro"]
+        batch = n * float(self.micro_batch_size)
+        b0 = tf.constant(float(self.base_batch_size), _F64)
+        finite = tf.reduce_all(
+            tf.math.is_finite(tf.stack([step["mean_sq"], step["grad_mean_sq"], step["loss"]]))
+        )
+        moments = S.step_moments(step["mean_sq"], step["grad_mean_sq"], n, self.micro_batch_size)
+        valid = n >= 2.0
+        if self._differenced:
+            diff = S.differenced_moments(
+                step["dot_prev"], step["diff_sq"], batch, state.prev_batch_size
+            )
+            has_prev = state.prev_batch_size > 0.0
+            moments = S.NoiseMoments(
+                *(tf.where(valid, w, d) for w, d in zip(moments, diff, strict=True))
+            )
+            valid = valid | has_prev
+            state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
+        moments = S.clip_moments(moments, b0, self.min_variance)
+        decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
+        update = finite & valid
+        grad_sqr_b, weight = S.ema_update(
+            state.grad_sqr_biased, state.ema_weight, moments.grad_sqr, decay
+        )
+        trace_b, _ = S.ema_update(
+            state.trace_sigma_biased, state.ema_weight, moments.trace_sigma, decay
+        )
+        state.grad_sqr_biased.assign(tf.where(update, grad_sqr_b, state.grad_sqr_biased))
+        state.trace_sigma_biased.assign(tf.where(update, trace_b, state.trace_sigma_biased))
+        state.ema_weight.assign(tf.where(update, weight, state.ema_weight))
+
+        grad_sqr, trace = self.smoothed_moments()
+        gain = tf.where(state.ema_weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
+        if self.similarity_mode == "exact":
+            similarity = S.cosine_similarity(step["dot_ab"], step["sq_a"], step["sq_b"])
+        else:
+            similarity = S.estimated_similarity(grad_sqr, trace, batch)
+        state.gain.assign(tf.where(finite, gain, state.gain))
+        state.similarity.assign(tf.where(finite, similarity, state.similarity))
+        logs = {
+            "loss": step["loss"],
+            "batch_size": batch,
+            "accumulation_steps": tf.cast(k, _F64),
+            "gain": state.gain.read_value(),
+            "similarity": state.similarity.read_value(),
+            "noise_scale": S.noise_scale(grad_sqr, trace),
+            "grad_sqr": grad_sqr,
+            "grad_var": trace / b0,
+        }
+        return finite, logs
+
+    def _advance(
+        self, finite: tf.Tensor, k: tf.Tensor, logs: dict[str, tf.Tensor]
+    ) -> dict[str, tf.Tensor]:
+        """Counters, progress tau and the policy's next batch size."""
+        state = self.state
+        applied = tf.cast(finite, tf.int64)
+        batch = tf.cast(k, tf.int64) * self.num_replicas * self.micro_batch_size
+        state.progress.assign_add(tf.where(finite, state.gain, 0.0))
+        state.steps.assign_add(applied)
+        state.skipped_steps.assign_add(1 - applied)
+        state.samples_seen.assign_add(batch)
+        stats = StepStats(
+            similarity=logs["similarity"],
+            grad_sqr=logs["grad_sqr"],
+            trace_sigma=logs["grad_var"] * float(self.base_batch_size),
+            noise_scale=logs["noise_scale"],
+            gain=state.gain.read_value(),
+            progress=state.progress.read_value(),
+            step=state.steps.read_value(),
+        )
+        unit = self.num_replicas * self.micro_batch_size
+        proposed = tf.cast(self.policy.next_batch_size(batch, stats), tf.float64)
+        new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
+        state.accumulation_steps.assign(tf.where(finite, new_k, state.accumulation_steps))
+        return {
+            "progress": state.progress.read_value(),
+            "samples_seen": tf.cast(state.samples_seen, _F64),
+            "skipped_steps": tf.cast(state.skipped_steps, _F64),
+            "applied": tf.cast(finite, _F64),
+        }
+
+    # ---------------------------------------------------------------- validation
+
+    def _batch_to_k_checked(self, name: str, batch_size: int) -> int:
+        unit = self.num_replicas * self.micro_batch_size
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or batch_size % unit
+            or batch_size < unit * self._min_k
+        ):
+            rule = f"a multiple of replicas x micro_batch_size = {self.num_replicas} x {self.micro_batch_size} = {unit}"
+            if self._min_k > 1:
+                rule += f", at least {unit * self._min_k} (one replica in exact-similarity mode needs >= 2 micro-steps to form two groups; or use similarity='estimated')"
+            raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={batch_size!r}")
+        return batch_size // unit
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
+        )

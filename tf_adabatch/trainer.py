@@ -1,0 +1,242 @@
+"""`Trainer`: the custom tf.distribute training loop around `AdaptiveEngine`.
+
+The outer loop is eager Python (iteration, progress bar, history); everything per step
+runs in the engine's `tf.function`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_adabatch import stats
+from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.policies import BatchPolicy
+from tf_adabatch.state import AdaptiveState
+
+__all__ = ["Trainer"]
+
+# Shown on the progress bar, in this order (all as current values, not averages).
+_PROGRESS_KEYS = ("loss", "batch_size", "gain", "similarity", "learning_rate")
+
+
+class Trainer:
+    """Trains a Keras model with an adaptive batch size under any `tf.distribute` strategy.
+
+    Each optimizer step accumulates k micro-batches of `micro_batch_size` examples per
+    replica, all-reduces the gradient once, measures the gradient noise (the replica
+    groups' cosine similarity, |G|^2, tr(Sigma), the noise scale and the AdaScale gain)
+    and lets the batch-size policy choose the next k. Create the model and the optimizer
+    inside `strategy.scope()`, as for any tf.distribute training.
+
+    Args:
+      model: a built Keras model, created in the strategy's scope.
+      loss: a Keras `Loss`, a loss name, or `(y_true, y_pred) -> per-example losses`.
+      optimizer: any Keras optimizer (SGD, Adam, AdamW, ...), created in the scope.
+      micro_batch_size: examples per replica per micro-step.
+      base_batch_size: the batch the learning rate was tuned for; defaults to the
+        policy's initial batch size.
+      policy: a `tf_adabatch.policies.BatchPolicy`; default: static at one micro-step.
+      similarity: "exact" or "estimated" (see `AdaptiveEngine`).
+      ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
+      jit_compile: XLA-compile the replica step.
+      strategy: defaults to the current strategy (`tf.distribute.get_strategy()`).
+
+    Raises:
+      ValueError: for an invalid argument; the message names it, the rule and the value.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> trainer = Trainer(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+    ...                   micro_batch_size=8, policy=tf_adabatch.StaticPolicy(16))
+    >>> x = np.random.default_rng(0).normal(size=(64, 2)).astype("float32")
+    >>> data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True)))
+    >>> history = trainer.fit(data.repeat().batch(8, drop_remainder=True), steps=3, verbose=0)
+    >>> trainer.batch_size, trainer.accumulation_steps, len(history["loss"])
+    (16, 2, 3)
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        loss: Any,
+        optimizer: keras.optimizers.Optimizer,
+        micro_batch_size: int,
+        base_batch_size: int | None = None,
+        policy: BatchPolicy | None = None,
+        similarity: str = "exact",
+        ema_decay: float | None = None,
+        jit_compile: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> None:
+        strategy = strategy or tf.distribute.get_strategy()
+        for v in model.trainable_variables:
+            if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
+                raise ValueError(
+                    "Argument `model` must be created inside `strategy.scope()` of the "
+                    f"strategy the Trainer uses ({type(strategy).__name__}). Variable "
+                    f"{v.path!r} was not."
+                )
+        self.engine = AdaptiveEngine(
+            model,
+            loss=loss,
+            optimizer=optimizer,
+            micro_batch_size=micro_batch_size,
+            base_batch_size=base_batch_size,
+            policy=policy,
+            similarity=similarity,
+            ema_decay=ema_decay,
+            jit_compile=jit_compile,
+            strategy=strategy,
+        )
+        self._checkpoint: tf.train.Checkpoint | None = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def distribute(self, dataset: Any) -> Any:
+        """Turns a dataset into the distributed dataset the step consumes.
+
+        Args:
+          dataset: one of
+            - a `tf.data.Dataset` batched with the *global* micro-batch
+              replicas x micro_batch_size (`drop_remainder=True`), which the strategy
+              splits across replicas;
+            - a function `input_context -> tf.data.Dataset` batched per replica with
+              `micro_batch_size` (`strategy.distribute_datasets_from_function`);
+            - an already distributed dataset.
+
+        Raises:
+          ValueError: if a dataset's batch dimension is not the global micro-batch.
+        """
+        strategy = self.engine.strategy
+        if isinstance(dataset, tf.data.Dataset):
+            expected = self.engine.num_replicas * self.engine.micro_batch_size
+            first = tf.nest.flatten(dataset.element_spec)[0]
+            batch_dim = first.shape[0] if first.shape.rank else None
+            if batch_dim != expected:
+                raise ValueError(
+                    "Argument `dataset` must be batched with the global micro-batch "
+                    f"replicas x micro_batch_size = {self.engine.num_replicas} x "
+                    f"{self.engine.micro_batch_size} = {expected} and a static batch "
+                    f"dimension (use `.batch({expected}, drop_remainder=True)`). "
+                    f"Received: batch dimension {batch_dim}"
+                )
+            return strategy.experimental_distribute_dataset(dataset)
+        if callable(dataset):
+            fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] = dataset
+            return strategy.distribute_datasets_from_function(fn)
+        return dataset
+
+    def fit(self, dataset: Any, *, steps: int, verbose: int = 1) -> dict[str, list[float]]:
+        """Trains for `steps` optimizer steps (fewer if the dataset runs out).
+
+        Args:
+          dataset: see `distribute`; repeat it (`.repeat()`) so that it outlasts the run,
+            whatever batch sizes the policy chooses.
+          steps: optimizer steps to run (skipped non-finite steps count).
+          verbose: 1 shows a progress bar; 0 prints nothing.
+
+        Returns:
+          The per-step logs, as lists of floats keyed by name (see
+          `AdaptiveEngine.train_step`).
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(
+                f"Argument `steps` must be a non-negative integer. Received: steps={steps!r}"
+            )
+        iterator = iter(self.distribute(dataset))
+        progbar = (
+            keras.utils.Progbar(steps, stateful_metrics=_PROGRESS_KEYS, unit_name="step")
+            if verbose
+            else None
+        )
+        history: dict[str, list[float]] = {}
+        for step in range(steps):
+            try:
+                logs = self.engine.train_step(iterator)
+            except tf.errors.OutOfRangeError:
+                self.engine.reset_accumulation()
+                warnings.warn(
+                    f"The dataset ran out after {step} optimizer steps of {steps}; the "
+                    "unfinished step was discarded. Repeat the dataset to train longer.",
+                    stacklevel=2,
+                )
+                break
+            values = {name: float(value) for name, value in logs.items()}
+            for name, value in values.items():
+                history.setdefault(name, []).append(value)
+            if progbar is not None:
+                progbar.update(step + 1, [(name, values[name]) for name in _PROGRESS_KEYS])
+        return history
+
+    # -------------------------------------------------------------- read-only view
+
+    @property
+    def state(self) -> AdaptiveState:
+        """The adaptive state (variables)."""
+        return self.engine.state
+
+    @property
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
+        if self._checkpoint is None:
+            self._checkpoint = tf.train.Checkpoint(
+                model=self.engine.model, optimizer=self.engine.optimizer, adabatch=self.engine.state
+            )
+        return self._checkpoint
+
+    @property
+    def batch_size(self) -> int:
+        """The global batch size of the next optimizer step."""
+        return self.engine.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-steps per replica in the next optimizer step."""
+        return self.engine.accumulation_steps
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Sets the global batch size of the next step (for the static policy)."""
+        self.engine.set_batch_size(batch_size)
+
+    @property
+    def gain(self) -> float:
+        """The AdaScale gain r of the last step."""
+        return float(self.state.gain.numpy())
+
+    @property
+    def similarity(self) -> float:
+        """The groups' cosine similarity of the last step (NaN before the first)."""
+        return float(self.state.similarity.numpy())
+
+    @property
+    def progress(self) -> float:
+        """Scale-invariant progress tau, in base-batch steps."""
+        return float(self.state.progress.numpy())
+
+    @property
+    def grad_sqr(self) -> float:
+        """Smoothed |G|^2 (NaN before the first statistics)."""
+        return float(self.engine.smoothed_moments().grad_sqr)
+
+    @property
+    def grad_var(self) -> float:
+        """Smoothed variance of one base-batch gradient, tr(Sigma) / B0 (fairscale's)."""
+        return float(self.engine.smoothed_moments().trace_sigma) / self.engine.base_batch_size
+
+    @property
+    def noise_scale(self) -> float:
+        """The simple noise scale tr(Sigma) / |G|^2 of the smoothed moments."""
+        return float(stats.noise_scale(*self.engine.smoothed_moments()))
+
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's learning rate for its next step."""
+        return float(keras.ops.convert_to_numpy(self.engine.optimizer.learning_rate))
