@@ -20,6 +20,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import dense_model, sum_of_outputs
 
 import tf_adabatch
@@ -104,8 +105,6 @@ def run_engine(
         strategy=strategy,
     )
     x = np.concatenate([np.asarray(s, np.float32) for s in steps])
-    import tensorflow as tf
-
     data = tf.data.Dataset.from_tensor_slices((x, np.zeros((len(x), d_out), np.float32)))
     trainer.fit(data.batch(replicas, drop_remainder=True), steps=len(steps), verbose=0)
     return trainer
