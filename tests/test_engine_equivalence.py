@@ -40,7 +40,11 @@ def reference_run(
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(keras.losses.mean_squared_error(yb, model(xb, training=True)))
         optimizer.apply_gradients(
-            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            zip(
+                tape.gradient(loss, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
         )
     return weights(model)
 
