@@ -12,10 +12,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import global_micro_batches, mlp, regression_data, weights
 
 import tf_adabatch
+
 from conftest import get_strategy
+from helpers import global_micro_batches, mlp, regression_data, weights
 
 M = 4  # micro-batch per replica
 

@@ -21,10 +21,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import dense_model, sum_of_outputs
 
 import tf_adabatch
+
 from conftest import get_strategy
+from helpers import dense_model, sum_of_outputs
 
 
 def per_sample_gradient(x: np.ndarray, d_out: int, use_bias: bool) -> np.ndarray:
