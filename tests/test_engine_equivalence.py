@@ -236,3 +236,47 @@ def test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing() -> None:
     assert int(state.steps.numpy()) == 2
     assert all(np.isfinite(w).all() for w in weights(model))
     assert state.ema_weight.numpy() > before[-5]
+
+
+def test_regularizers_match_one_device() -> None:
+    """Weight regularizers once per step, activity regularizers per micro-batch: exact."""
+    kwargs = {
+        "kernel_regularizer": keras.regularizers.L2(0.01),
+        "activity_regularizer": keras.regularizers.L1(0.01),
+    }
+    ks = [2, 3]
+    x, y = regression_data(4 * M * sum(ks))
+    strategy = get_strategy(4)
+    model = mlp(strategy, **kwargs)
+    with strategy.scope():
+        optimizer = OPTIMIZERS["sgd_momentum"]()
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=M,
+        policy=tf_adabatch.StaticPolicy(4 * M * ks[0]),
+        strategy=strategy,
+    )
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, 4 * M)))
+    for k in ks:
+        trainer.set_batch_size(4 * M * k)
+        trainer.engine.train_step(iterator)
+
+    ref = mlp(tf.distribute.get_strategy(), **kwargs)
+    ref_opt = OPTIMIZERS["sgd_momentum"]()
+    start = 0
+    for k in ks:
+        size = 4 * M * k
+        with tf.GradientTape() as tape:
+            data = tf.reduce_mean(
+                keras.losses.mean_squared_error(
+                    y[start : start + size], ref(x[start : start + size], training=True)
+                )
+            )
+            loss = data + tf.add_n(ref.losses)
+        start += size
+        ref_opt.apply_gradients(
+            zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables, strict=True)
+        )
+    assert_weights_close(weights(model), weights(ref))

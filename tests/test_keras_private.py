@@ -1,0 +1,104 @@
+"""Private Keras / TensorFlow behaviour the engine relies on: fails loudly on upgrade.
+
+If one of these fails after a Keras upgrade, the engine's matching piece must change
+(see the docstrings of `tf_adabatch.engine._AllReduceBypass` and
+`AdaptiveEngine._extra_losses`) before the version bound in setup.py is raised.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_adabatch.engine import _AllReduceBypass
+
+from conftest import get_strategy
+
+
+def test_optimizer_all_reduces_inside_apply_gradients_through_the_private_method() -> None:
+    strategy = get_strategy(2)
+    with strategy.scope():
+        var = keras.Variable(np.zeros(3, np.float32))
+        optimizer = keras.optimizers.SGD(1.0)
+        optimizer.build([var])
+    assert hasattr(type(optimizer), "_all_reduce_sum_gradients")
+    calls = []
+    original = optimizer._all_reduce_sum_gradients
+
+    def spy(grads_and_vars):
+        calls.append(1)
+        return original(grads_and_vars)
+
+    optimizer._all_reduce_sum_gradients = spy
+
+    @tf.function
+    def step():
+        strategy.run(lambda: optimizer.apply_gradients([(tf.ones(3), var)]))
+
+    step()
+    # Stock Keras: each replica's gradient of ones is summed over 2 replicas.
+    np.testing.assert_allclose(var.numpy(), -2.0 * np.ones(3))
+    assert len(calls) == 2  # once per replica, while tracing
+
+
+def test_bypass_makes_the_internal_all_reduce_the_identity() -> None:
+    strategy = get_strategy(2)
+    with strategy.scope():
+        var = keras.Variable(np.zeros(3, np.float32))
+        optimizer = keras.optimizers.SGD(1.0)
+        optimizer.build([var])
+    bypass = _AllReduceBypass(optimizer)
+
+    @tf.function
+    def step():
+        bypass.active = True
+        try:
+            strategy.run(lambda: optimizer.apply_gradients([(tf.ones(3), var)]))
+        finally:
+            bypass.active = False
+
+    step()
+    np.testing.assert_allclose(var.numpy(), -np.ones(3))
+
+
+def test_model_losses_list_added_losses_before_weight_regularizers() -> None:
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(
+                3,
+                kernel_regularizer=keras.regularizers.L2(0.5),
+                activity_regularizer=keras.regularizers.L1(0.1),
+            ),
+            keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.25)),
+        ]
+    )
+    x = tf.ones((5, 4))
+    out1 = model.layers[0](x)
+    model(x)
+    losses = model.losses
+    assert len(losses) == 3
+    weight_regs = [
+        0.5 * tf.reduce_sum(tf.square(model.layers[0].kernel)),
+        0.25 * tf.reduce_sum(tf.square(model.layers[1].kernel)),
+    ]
+    np.testing.assert_allclose(losses[1].numpy(), weight_regs[0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(losses[2].numpy(), weight_regs[1].numpy(), rtol=1e-6)
+    # The activity loss comes first and is normalised by the batch size.
+    np.testing.assert_allclose(
+        losses[0].numpy(), 0.1 * tf.reduce_sum(tf.abs(out1)).numpy() / 5, rtol=1e-6
+    )
+
+
+def test_loss_call_is_per_example_and_unscaled_under_a_strategy() -> None:
+    strategy = get_strategy(4)
+    loss = keras.losses.MeanSquaredError()
+    y_true = tf.constant([[1.0, 2.0], [0.0, 0.0]])
+    y_pred = tf.constant([[1.0, 0.0], [1.0, 1.0]])
+    with strategy.scope():
+        per_example = loss.call(y_true, y_pred)
+        reduced = loss(y_true, y_pred)
+    np.testing.assert_allclose(per_example.numpy(), [2.0, 1.0])
+    # __call__ reduces and divides by the replica count, which the engine avoids.
+    np.testing.assert_allclose(float(reduced), 1.5 / 4)
