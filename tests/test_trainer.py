@@ -1,0 +1,236 @@
+"""The custom loop: checkpoints, progress bar, quiet mode, properties and bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_adabatch
+
+from conftest import get_strategy
+from helpers import global_micro_batches, mlp, regression_data, weights
+
+M = 4
+
+
+def make_trainer(replicas: int = 2, batch: int | None = None, **kwargs) -> tf_adabatch.Trainer:
+    strategy = get_strategy(replicas)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    kwargs.setdefault("policy", tf_adabatch.StaticPolicy(batch or replicas * M * 2))
+    return tf_adabatch.Trainer(
+        model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy, **kwargs
+    )
+
+
+def data(replicas: int = 2, num: int = 512) -> tf.data.Dataset:
+    x, y = regression_data(num)
+    return global_micro_batches(x, y, replicas * M).repeat()
+
+
+def test_checkpoint_restores_weights_optimizer_and_adaptive_state(tmp_path) -> None:
+    trainer = make_trainer(base_batch_size=M)
+    trainer.fit(data(), steps=4, verbose=0)
+    trainer.set_batch_size(2 * M * 3)
+    path = trainer.checkpoint.save(str(tmp_path / "ckpt"))
+    saved = {
+        "weights": weights(trainer.engine.model),
+        "state": {v.name: v.numpy() for v in trainer.state.variables},
+        "iterations": int(trainer.engine.optimizer.iterations.numpy()),
+    }
+    trainer.fit(data(), steps=3, verbose=0)  # move everything on
+    assert trainer.accumulation_steps == 3 and trainer.gain != pytest.approx(1.0)
+    trainer.checkpoint.read(path).assert_consumed()
+    for w, s in zip(weights(trainer.engine.model), saved["weights"], strict=True):
+        np.testing.assert_array_equal(w, s)
+    for v in trainer.state.variables:
+        np.testing.assert_array_equal(v.numpy(), saved["state"][v.name])
+    assert int(trainer.engine.optimizer.iterations.numpy()) == saved["iterations"]
+    assert trainer.accumulation_steps == 3
+
+
+def test_quiet_fit_prints_nothing_and_writes_nothing(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    trainer = make_trainer()
+    history = trainer.fit(data(), steps=3, verbose=0)
+    assert capsys.readouterr().out == ""
+    assert os.listdir(tmp_path) == []
+    assert sorted(history) == sorted(
+        [
+            "loss",
+            "batch_size",
+            "accumulation_steps",
+            "gain",
+            "similarity",
+            "noise_scale",
+            "grad_sqr",
+            "grad_var",
+            "learning_rate",
+            "progress",
+            "samples_seen",
+            "skipped_steps",
+            "applied",
+        ]
+    )
+    assert len(history["loss"]) == 3
+
+
+def test_progress_bar_shows_batch_gain_similarity_and_learning_rate(capsys) -> None:
+    trainer = make_trainer()
+    trainer.fit(data(), steps=2, verbose=1)
+    out = capsys.readouterr().out
+    for name in ("loss", "batch_size", "gain", "similarity", "learning_rate", "2/2"):
+        assert name in out
+
+
+def test_properties_report_the_state() -> None:
+    trainer = make_trainer(replicas=4, batch=4 * M * 2, base_batch_size=4 * M)
+    assert math.isnan(trainer.similarity) and trainer.gain == 1.0 and math.isnan(trainer.grad_sqr)
+    history = trainer.fit(data(4), steps=5, verbose=0)
+    assert trainer.batch_size == 32 and trainer.accumulation_steps == 2
+    assert trainer.gain == pytest.approx(history["gain"][-1])
+    assert trainer.similarity == pytest.approx(history["similarity"][-1])
+    assert trainer.grad_sqr == pytest.approx(history["grad_sqr"][-1])
+    assert trainer.grad_var == pytest.approx(history["grad_var"][-1])
+    assert trainer.noise_scale == pytest.approx(history["noise_scale"][-1])
+    assert trainer.progress == pytest.approx(sum(history["gain"]))
+    assert trainer.learning_rate == pytest.approx(0.05)
+    assert 1.0 <= trainer.gain <= 2.0  # S = 32 / 16
+    for name in (
+        "batch_size",
+        "gain",
+        "similarity",
+        "progress",
+        "learning_rate",
+        "grad_sqr",
+        "grad_var",
+        "noise_scale",
+        "accumulation_steps",
+    ):
+        with pytest.raises(AttributeError):
+            setattr(trainer, name, 1)
+
+
+def test_dataset_running_out_ends_cleanly_and_discards_the_partial_step() -> None:
+    trainer = make_trainer(batch=2 * M * 3)
+    x, y = regression_data(2 * M * 3 * 2 + 2 * M)  # two full steps and one micro-step
+    with pytest.warns(UserWarning, match="ran out after 2 optimizer steps"):
+        history = trainer.fit(global_micro_batches(x, y, 2 * M), steps=5, verbose=0)
+    assert len(history["loss"]) == 2
+    for acc in trainer.engine._acc:
+        np.testing.assert_array_equal(acc.values[0].numpy(), 0.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (
+            {"micro_batch_size": 0},
+            r"Argument `micro_batch_size` must be a positive integer. Received: micro_batch_size=0",
+        ),
+        (
+            {"similarity": "cosine"},
+            r"Argument `similarity` must be one of \('exact', 'estimated'\). Received: similarity='cosine'",
+        ),
+        (
+            {"policy": tf_adabatch.StaticPolicy(12)},
+            r"Argument `policy.initial_batch_size` must be a multiple of replicas x micro_batch_size = 2 x 4 = 8. Received: policy.initial_batch_size=12",
+        ),
+        (
+            {"ema_decay": 1.0},
+            r"Argument `ema_decay` must be in \[0, 1\) or None. Received: ema_decay=1.0",
+        ),
+        (
+            {"base_batch_size": -3},
+            r"Argument `base_batch_size` must be a positive integer. Received: base_batch_size=-3",
+        ),
+    ],
+)
+def test_bad_arguments_are_named_with_rule_and_value(kwargs, match) -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    args = {
+        "loss": "mse",
+        "optimizer": optimizer,
+        "micro_batch_size": M,
+        "strategy": strategy,
+    } | kwargs
+    with pytest.raises(ValueError, match=match):
+        tf_adabatch.Trainer(model, **args)
+
+
+def test_one_replica_exact_mode_needs_two_micro_steps() -> None:
+    model = mlp(tf.distribute.get_strategy())
+    with pytest.raises(
+        ValueError,
+        match=r"at least 8 \(one replica in exact-similarity mode needs >= 2 micro-steps.*similarity='estimated'\)",
+    ):
+        tf_adabatch.Trainer(
+            model, loss="mse", optimizer=keras.optimizers.SGD(0.1), micro_batch_size=M
+        )
+
+
+def test_model_outside_the_strategy_scope_is_refused() -> None:
+    model = mlp(tf.distribute.get_strategy())
+    with pytest.raises(ValueError, match=r"must be created inside `strategy.scope\(\)`"):
+        tf_adabatch.Trainer(
+            model,
+            loss="mse",
+            optimizer=keras.optimizers.SGD(0.1),
+            micro_batch_size=M,
+            strategy=get_strategy(2),
+        )
+
+
+def test_dataset_with_wrong_batch_dimension_is_refused() -> None:
+    trainer = make_trainer()
+    x, y = regression_data(64)
+    with pytest.raises(
+        ValueError,
+        match=r"global micro-batch replicas x micro_batch_size = 2 x 4 = 8.*Received: batch dimension 4",
+    ):
+        trainer.fit(global_micro_batches(x, y, 4), steps=1, verbose=0)
+    with pytest.raises(ValueError, match=r"drop_remainder=True.*Received: batch dimension None"):
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), steps=1, verbose=0)
+
+
+def test_set_batch_size_validates() -> None:
+    trainer = make_trainer()
+    with pytest.raises(
+        ValueError,
+        match=r"Argument `batch_size` must be a multiple of .* = 8. Received: batch_size=20",
+    ):
+        trainer.set_batch_size(20)
+
+
+def test_optimizer_with_keras_gradient_accumulation_is_refused() -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
+        tf_adabatch.Trainer(
+            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
+        )
+
+
+def test_per_replica_dataset_function() -> None:
+    trainer = make_trainer()
+    x, y = regression_data(256)
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            ctx.num_input_pipelines, ctx.input_pipeline_id
+        )
+        return ds.repeat().batch(ctx.get_per_replica_batch_size(2 * M), drop_remainder=True)
+
+    history = trainer.fit(dataset_fn, steps=3, verbose=0)
+    assert history["samples_seen"][-1] == 3 * 2 * M * 2
