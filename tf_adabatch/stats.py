@@ -51,7 +51,8 @@ class NoiseMoments(NamedTuple):
 
 
 def _f64(x: tf.Tensor | float | int) -> tf.Tensor:
-    return tf.cast(x, _F64)
+    # `tf.cast(0.9, tf.float64)` would round the Python float to float32 first.
+    return tf.cast(tf.convert_to_tensor(x, dtype_hint=_F64), _F64)
 
 
 def sum_of_squares(tensors: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -1,0 +1,104 @@
+"""Unit and property tests of the pure statistics (float64, no strategy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tf_adabatch import stats as S
+
+
+def test_step_moments_are_unbiased_on_average() -> None:
+    """Monte Carlo check of E[estimate] against the closed form, independent of the engine.
+
+    g_i = G + e_i / sqrt(m) with e_i ~ N(0, diag(v)): |G|^2 and tr(Sigma) = sum(v) known.
+    """
+    rng = np.random.default_rng(0)
+    G = np.array([1.0, -2.0, 0.5])
+    v = np.array([4.0, 1.0, 9.0])
+    n, m, trials = 4, 8, 20000
+    g = G + rng.normal(size=(trials, n, 3)) * np.sqrt(v / m)
+    mean_sq = np.mean(np.sum(g**2, -1), -1)
+    gbar_sq = np.sum(g.mean(1) ** 2, -1)
+    moments = S.step_moments(mean_sq, gbar_sq, float(n), float(m))
+    assert np.mean(moments.grad_sqr) == pytest.approx(G @ G, rel=0.02)
+    assert np.mean(moments.trace_sigma) == pytest.approx(v.sum(), rel=0.02)
+
+
+def test_step_moments_need_two_micro_gradients() -> None:
+    moments = S.step_moments(1.0, 1.0, 1.0, 4.0)
+    assert np.isnan(moments.grad_sqr) and np.isnan(moments.trace_sigma)
+
+
+def test_differenced_moments_equal_the_two_sample_estimator_for_equal_batches() -> None:
+    """Two gradients of m examples: differenced and within-step estimators coincide."""
+    a, b = np.array([1.0, 2.0]), np.array([3.0, -1.0])
+    m = 5.0
+    within = S.step_moments((a @ a + b @ b) / 2, ((a + b) / 2) @ ((a + b) / 2), 2.0, m)
+    diff = S.differenced_moments(a @ b, (a - b) @ (a - b), m, m)
+    assert float(diff.grad_sqr) == pytest.approx(float(within.grad_sqr), rel=1e-12)
+    assert float(diff.trace_sigma) == pytest.approx(float(within.trace_sigma), rel=1e-12)
+
+
+def test_ema_with_constant_decay_is_adam_debiasing() -> None:
+    values = [3.0, -1.0, 4.0, 1.5]
+    theta = 0.9
+    biased = weight = tf.constant(0.0, tf.float64)
+    for v in values:
+        biased, weight = S.ema_update(biased, weight, v, theta)
+    t = len(values)
+    expected = sum((1 - theta) * theta ** (t - 1 - i) * v for i, v in enumerate(values)) / (
+        1 - theta**t
+    )
+    assert float(S.debias(biased, weight)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gain_limits_and_undefined_cases() -> None:
+    assert float(S.adascale_gain(0.0, 5.0, 64.0, 8.0)) == pytest.approx(8.0)  # pure noise: S
+    assert float(S.adascale_gain(3.0, 0.0, 64.0, 8.0)) == pytest.approx(1.0)  # exact gradient
+    assert float(S.adascale_gain(0.0, 0.0, 64.0, 8.0)) == 1.0  # undefined: base LR
+    assert float(S.adascale_gain(float("nan"), 1.0, 64.0, 8.0)) == 1.0
+    # sigma^2 = 16/8 = 2, mu^2 = 1, S = 8: (2 + 1) / (2/8 + 1) = 2.4
+    assert float(S.adascale_gain(1.0, 16.0, 64.0, 8.0)) == pytest.approx(2.4, rel=1e-12)
+
+
+def test_noise_scale_and_similarity_edge_cases() -> None:
+    assert float(S.noise_scale(0.0, 1.0)) == float("inf")
+    assert np.isnan(float(S.noise_scale(0.0, 0.0)))
+    assert np.isnan(float(S.cosine_similarity(0.0, 0.0, 1.0)))
+    assert np.isnan(float(S.estimated_similarity(0.0, 0.0, 8.0)))
+    # c = B / (B + 2 B_noise): B_noise = 16 / 2 = 8 at B = 16 gives 1/2.
+    assert float(S.estimated_similarity(2.0, 16.0, 16.0)) == pytest.approx(0.5)
+
+
+def test_sum_of_squares_accumulates_half_precision_in_float64() -> None:
+    big = [tf.fill([1000], tf.constant(300.0, tf.float16))]  # 9e7: overflows float16
+    assert float(S.sum_of_squares(big)) == pytest.approx(9e7)
+
+
+finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
+positive = st.floats(min_value=1e-6, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(grad_sqr=finite, trace=finite, batch=st.integers(1, 1 << 20), base=st.integers(1, 1 << 20))
+def test_gain_is_finite_and_within_one_and_scale(grad_sqr, trace, batch, base) -> None:
+    moments = S.clip_moments(
+        S.NoiseMoments(tf.constant(grad_sqr, tf.float64), tf.constant(trace, tf.float64)),
+        float(base),
+    )
+    gain = float(S.adascale_gain(moments.grad_sqr, moments.trace_sigma, float(batch), float(base)))
+    scale = batch / base
+    assert np.isfinite(gain)
+    assert min(1.0, scale) * (1 - 1e-12) <= gain <= max(1.0, scale) * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mean_sq=positive, gbar_sq=positive, n=st.integers(2, 4096), m=st.integers(1, 4096))
+def test_any_finite_step_gives_finite_clipped_moments(mean_sq, gbar_sq, n, m) -> None:
+    moments = S.clip_moments(S.step_moments(mean_sq, gbar_sq, float(n), float(m)), 32.0)
+    assert np.isfinite(float(moments.grad_sqr)) and float(moments.grad_sqr) >= 0.0
+    assert np.isfinite(float(moments.trace_sigma)) and float(moments.trace_sigma) >= 32e-6
