@@ -118,13 +118,24 @@ def test_properties_report_the_state() -> None:
 
 
 def test_dataset_running_out_ends_cleanly_and_discards_the_partial_step() -> None:
-    trainer = make_trainer(batch=2 * M * 3)
-    x, y = regression_data(2 * M * 3 * 2 + 2 * M)  # two full steps and one micro-step
+    x, y = regression_data(2 * M * 3 * 3 + 2 * M)  # three full steps and one micro-step
+    full, extra = 2 * M * 3 * 2, 2 * M * 3 * 2 + 2 * M
+    cut = make_trainer(batch=2 * M * 3)
     with pytest.warns(UserWarning, match="ran out after 2 optimizer steps"):
-        history = trainer.fit(global_micro_batches(x, y, 2 * M), steps=5, verbose=0)
+        history = cut.fit(global_micro_batches(x[:extra], y[:extra], 2 * M), steps=5, verbose=0)
     assert len(history["loss"]) == 2
-    for acc in trainer.engine._acc:
-        np.testing.assert_array_equal(acc.values[0].numpy(), 0.0)
+    clean = make_trainer(batch=2 * M * 3)
+    clean.fit(global_micro_batches(x[:full], y[:full], 2 * M), steps=2, verbose=0)
+    # The next step must not see the discarded micro-batch.
+    rest = global_micro_batches(x[full + 2 * M :], y[full + 2 * M :], 2 * M)
+    for trainer in (cut, clean):
+        trainer.fit(rest, steps=1, verbose=0)
+    for a, b in zip(weights(cut.engine.model), weights(clean.engine.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (
+        cut.gain == clean.gain
+        and cut.state.samples_seen.numpy() == clean.state.samples_seen.numpy()
+    )
 
 
 @pytest.mark.parametrize(

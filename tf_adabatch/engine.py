@@ -98,6 +98,20 @@ def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor
     )
 
 
+def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.Tensor) -> None:
+    """slot = values if `overwrite` else slot + values (one `tf.cond`, replica-local)."""
+
+    def assign() -> None:
+        for var, value in zip(slot, values, strict=True):
+            var.assign(value)
+
+    def add() -> None:
+        for var, value in zip(slot, values, strict=True):
+            var.assign_add(value)
+
+    tf.cond(overwrite, assign, add)
+
+
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     """First local replica's value: identical on all replicas by construction."""
     return strategy.experimental_local_results(value)[0]
@@ -247,10 +261,6 @@ class AdaptiveEngine:
             S.debias(state.trace_sigma_biased, state.ema_weight),
         )
 
-    def reset_accumulation(self) -> None:
-        """Discards a partly accumulated step (e.g. after the data ran out mid-step)."""
-        self.strategy.run(self._reset_step)
-
     def set_batch_size(self, batch_size: int) -> None:
         """Sets the global batch size of the next step (no retrace). Host code only.
 
@@ -316,38 +326,49 @@ class AdaptiveEngine:
             tf.zeros(v.shape, v.dtype) if g is None else tf.cast(tf.convert_to_tensor(g), v.dtype)
             for g, v in zip(grads, self._variables, strict=True)
         ]
+        # The first micro-step of an optimizer step overwrites the accumulators, so no
+        # reset pass is needed (and a step cut short by the end of the data is simply
+        # overwritten by the next one).
+        first = micro_index == 0
+        scalars = tf.stack(
+            [S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)]
+        )
         if self._two_slots:
+            # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
+            # first micro-step is i = 0 or i = 1.
             replica = tf.cast(
                 tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64
             )
-            odd = (
-                tf.math.floormod(tf.cast(micro_index, tf.int64) * self.num_replicas + replica, 2)
-                == 1
+            odd = tf.math.floormod(tf.cast(micro_index, tf.int64) * self.num_replicas + replica, 2)
+            tf.cond(
+                odd == 1,
+                lambda: _set_or_add(self._acc_odd, grads, micro_index < 2),
+                lambda: _set_or_add(self._acc, grads, micro_index < 2),
             )
-
-            def add(slot: list[tf.Variable]) -> Callable[[], None]:
-                def fn() -> None:
-                    for a, g in zip(slot, grads, strict=True):
-                        a.assign_add(g)
-
-                return fn
-
-            tf.cond(odd, add(self._acc_odd), add(self._acc))
         else:
-            for a, g in zip(self._acc, grads, strict=True):
-                a.assign_add(g)
-        self._scalars.assign_add(
-            tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
-        )
+            _set_or_add(self._acc, grads, first)
+        _set_or_add([self._scalars], [scalars], first)
 
-    def _reduce_step(self) -> dict[str, tf.Tensor]:
+    def _reduce_step(self) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
         ctx = tf.distribute.get_replica_context()
         local = [a.read_value() for a in self._acc]
         out: dict[str, tf.Tensor] = {}
         if self.similarity_mode == "exact":
             if self._two_slots:
+                # With k = 1 a replica writes only its own slot (r mod 2); the other one
+                # holds an earlier step's values.
+                k = self.state.accumulation_steps
+                replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
+                even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
+                odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
                 parts = [
-                    tf.stack([a, b.read_value()]) for a, b in zip(local, self._acc_odd, strict=True)
+                    tf.stack(
+                        [
+                            tf.where(even_ok, a, tf.zeros_like(a)),
+                            tf.where(odd_ok, b.read_value(), tf.zeros_like(a)),
+                        ]
+                    )
+                    for a, b in zip(local, self._acc_odd, strict=True)
                 ]
             else:
                 odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
@@ -380,13 +401,9 @@ class AdaptiveEngine:
             finite = tf.math.is_finite(out["grad_mean_sq"]) & tf.math.is_finite(out["mean_sq"])
             for p, g in zip(self._prev, gbar, strict=True):
                 p.assign(tf.where(finite, g, p.read_value()))
-        # The apply step reads gbar back from the (now spent) accumulators.
-        for a, g in zip(self._acc, gbar, strict=True):
-            a.assign(g)
-        return out
+        return out, gbar
 
-    def _apply_step(self) -> None:
-        grads = [a.read_value() for a in self._acc]
+    def _apply_step(self, grads: list[tf.Tensor]) -> None:
         regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
         if regularized:
             with tf.GradientTape() as tape:
@@ -398,11 +415,6 @@ class AdaptiveEngine:
             ]
         self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
 
-    def _reset_step(self) -> None:
-        for a in [*self._acc, *self._acc_odd]:
-            a.assign(tf.zeros_like(a))
-        self._scalars.assign(tf.zeros_like(self._scalars))
-
     # ------------------------------------------------------- cross-replica context
 
     def _train_step(self, iterator: Iterator[Any]) -> dict[str, tf.Tensor]:
@@ -412,16 +424,15 @@ class AdaptiveEngine:
         k = state.accumulation_steps.read_value()
         for i in tf.range(k):
             strategy.run(self._micro_fn, args=(next(iterator), i))
-        per_replica = strategy.run(self._reduce_fn)
+        per_replica, gbar = strategy.run(self._reduce_fn)
         step = {name: _local(strategy, v) for name, v in per_replica.items()}
         finite, logs = self._update_statistics(step, k)
         logs["learning_rate"] = tf.cast(self.optimizer.learning_rate, _F64)
         self._bypass.active = True
         try:
-            tf.cond(finite, lambda: strategy.run(self._apply_fn), lambda: None)
+            tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-        strategy.run(self._reset_step)
         logs.update(self._advance(finite, k, logs))
         return logs
 
@@ -487,7 +498,10 @@ class AdaptiveEngine:
         """Counters, progress tau and the policy's next batch size."""
         state = self.state
         applied = tf.cast(finite, tf.int64)
-        batch = tf.cast(k, tf.int64) * self.num_replicas * self.micro_batch_size
+        # From the all-reduced micro-gradient count, not from k: every state write must
+        # depend on the micro-steps, so that a step cut short by the end of the data
+        # (an error inside the loop) leaves the state untouched.
+        batch = tf.cast(tf.round(logs["batch_size"]), tf.int64)
         state.progress.assign_add(tf.where(finite, state.gain, 0.0))
         state.steps.assign_add(applied)
         state.skipped_steps.assign_add(1 - applied)

@@ -162,7 +162,6 @@ class Trainer:
             try:
                 logs = self.engine.train_step(iterator)
             except tf.errors.OutOfRangeError:
-                self.engine.reset_accumulation()
                 warnings.warn(
                     f"The dataset ran out after {step} optimizer steps of {steps}; the "
                     "unfinished step was discarded. Repeat the dataset to train longer.",

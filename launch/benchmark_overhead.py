@@ -1,0 +1,166 @@
+r"""Step-time overhead of tf_adabatch's statistics, measured side by side in one run.
+
+    python launch/benchmark_overhead.py --replicas=4 --micro_batch=32
+
+Variants, each on the same strategy, model architecture and data, one micro-step per
+optimizer step (k = 1, where any per-step overhead weighs most):
+  plain      a plain tf.distribute step: gradients -> optimizer.apply_gradients
+             (Keras all-reduces inside), no statistics
+  estimated  the AdaptiveEngine, estimated similarity (scalar statistics only)
+  exact      the AdaptiveEngine, exact group similarity (stacked [A, B] all-reduce)
+
+The variants run in interleaved rounds (plain, estimated, exact, plain, ...) so that a
+noisy, shared machine slows them alike; the script prints each variant's median step
+time, the spread (min-max of the round medians) and the ratios to `plain`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("replicas", 4, "Logical CPU replicas (MirroredStrategy).")
+flags.DEFINE_integer("micro_batch", 32, "Examples per replica per micro-step.")
+flags.DEFINE_enum("model", "cnn", ["cnn", "small"], "cnn: ~1M parameters; small: ~100k.")
+flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
+flags.DEFINE_integer("steps", 10, "Timed optimizer steps per variant per round.")
+flags.DEFINE_integer("warmup", 3, "Untimed steps per variant before the rounds.")
+
+
+def build_model(kind: str):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    if kind == "cnn":
+        body = [
+            layers.Conv2D(32, 3, activation="relu"),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            layers.Dense(512, activation="relu"),
+        ]
+    else:
+        body = [
+            layers.Conv2D(16, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(32, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            layers.Dense(128, activation="relu"),
+        ]
+    return keras.Sequential([keras.Input((28, 28, 1)), *body, layers.Dense(10)])
+
+
+def main(argv) -> None:
+    del argv
+    import numpy as np
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.replicas
+    )
+    import keras
+
+    import tf_adabatch
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(FLAGS.replicas)])
+    global_micro = FLAGS.replicas * FLAGS.micro_batch
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(global_micro * 8, 28, 28, 1)).astype("float32")
+    y = rng.integers(0, 10, size=(global_micro * 8,)).astype("int32")
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .batch(global_micro, drop_remainder=True)
+        .prefetch(4)
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    steps = {}
+    with strategy.scope():
+        model = build_model(FLAGS.model)
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+    print(
+        f"model: {FLAGS.model}, {model.count_params():,} parameters; {FLAGS.replicas} replicas x micro-batch {FLAGS.micro_batch}"
+    )
+
+    def plain_replica_step(data):
+        xb, yb = data
+        with tf.GradientTape() as tape:
+            per_example = loss.call(yb, model(xb, training=True))
+            value = tf.nn.compute_average_loss(per_example, global_batch_size=global_micro)
+        optimizer.apply_gradients(
+            zip(
+                tape.gradient(value, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
+        )
+        return value
+
+    @tf.function
+    def plain_step(iterator):
+        strategy.run(plain_replica_step, args=(next(iterator),))
+
+    steps["plain"] = (plain_step, iter(strategy.experimental_distribute_dataset(dataset)))
+    for mode in ("estimated", "exact"):
+        with strategy.scope():
+            m = build_model(FLAGS.model)
+            opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        trainer = tf_adabatch.Trainer(
+            m,
+            loss=loss,
+            optimizer=opt,
+            micro_batch_size=FLAGS.micro_batch,
+            similarity=mode,
+            strategy=strategy,
+        )
+        steps[mode] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
+
+    def timed(name: str, count: int) -> float:
+        fn, iterator = steps[name]
+        start = time.perf_counter()
+        for _ in range(count):
+            out = fn(iterator)
+        # Wait for the device: read a weight back (the step's last effect).
+        (model.trainable_variables[0] if name == "plain" else out["loss"]).numpy()
+        return (time.perf_counter() - start) / count
+
+    for name in steps:
+        timed(name, FLAGS.warmup)
+    per_round: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(FLAGS.rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for name in order:
+            per_round[name].append(timed(name, FLAGS.steps))
+    base = statistics.median(per_round["plain"])
+    print(
+        f"\n| variant | median ms/step | spread (min-max of {FLAGS.rounds} rounds) | ratio to plain |"
+    )
+    print("|---|---|---|---|")
+    for name, times in per_round.items():
+        med = statistics.median(times)
+        print(
+            f"| {name} | {1e3 * med:.1f} | {1e3 * min(times):.1f}-{1e3 * max(times):.1f} | {med / base:.3f} |"
+        )
+    # Paired ratios: within each round, so drifts of the machine cancel.
+    for name in ("estimated", "exact"):
+        ratios = [t / p for t, p in zip(per_round[name], per_round["plain"], strict=True)]
+        print(
+            f"{name}/plain paired per round: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)
