@@ -9,7 +9,14 @@ The public API, in one place:
 
 from tf_adabatch import stats
 from tf_adabatch.engine import AdaptiveEngine
-from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
+from tf_adabatch.policies import (
+    BatchPolicy,
+    NoiseScalePolicy,
+    SchedulePolicy,
+    SimiGradPolicy,
+    StaticPolicy,
+    StepStats,
+)
 from tf_adabatch.state import AdaptiveState
 from tf_adabatch.trainer import Trainer
 
@@ -19,6 +26,9 @@ __all__ = [
     "AdaptiveEngine",
     "AdaptiveState",
     "BatchPolicy",
+    "NoiseScalePolicy",
+    "SchedulePolicy",
+    "SimiGradPolicy",
     "StaticPolicy",
     "StepStats",
     "Trainer",

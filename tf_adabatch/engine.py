@@ -204,6 +204,8 @@ class AdaptiveEngine:
                 "with a `keras.Input` or call it once on a batch first."
             )
         self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
+        with self.strategy.scope():
+            self.policy.build(self.num_replicas * micro_batch_size)
         self._min_k = 2 if (self.num_replicas == 1 and similarity == "exact") else 1
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
         self.base_batch_size = base_batch_size or self.policy.initial_batch_size
@@ -516,7 +518,12 @@ class AdaptiveEngine:
             step=state.steps.read_value(),
         )
         unit = self.num_replicas * self.micro_batch_size
-        proposed = tf.cast(self.policy.next_batch_size(batch, stats), tf.float64)
+        # Skipped steps leave the policy (and its state) alone.
+        proposed = tf.cond(
+            finite,
+            lambda: tf.cast(self.policy.next_batch_size(batch, stats), tf.float64),
+            lambda: tf.cast(batch, tf.float64),
+        )
         new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
         state.accumulation_steps.assign(tf.where(finite, new_k, state.accumulation_steps))
         return {

@@ -10,11 +10,19 @@ it never retraces the step.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import NamedTuple
 
 import tensorflow as tf
 
-__all__ = ["BatchPolicy", "StaticPolicy", "StepStats"]
+__all__ = [
+    "BatchPolicy",
+    "NoiseScalePolicy",
+    "SchedulePolicy",
+    "SimiGradPolicy",
+    "StaticPolicy",
+    "StepStats",
+]
 
 
 class StepStats(NamedTuple):
@@ -39,14 +47,44 @@ class StepStats(NamedTuple):
     progress: tf.Tensor
     step: tf.Tensor
 
+    @classmethod
+    def make(cls, **values: float) -> StepStats:
+        """Stats from Python numbers, 0 where not given (step: 1), for tests and examples.
 
-class BatchPolicy(abc.ABC):
+        >>> float(StepStats.make(similarity=0.3).similarity)
+        0.3
+        """
+        fields = {
+            name: tf.constant(float(values.pop(name, 0.0)), tf.float64)
+            for name in cls._fields
+            if name != "step"
+        }
+        step = tf.constant(int(values.pop("step", 1)), tf.int64)
+        if values:
+            raise TypeError(f"Unknown StepStats fields: {sorted(values)}")
+        return cls(step=step, **fields)
+
+
+class BatchPolicy(tf.Module, abc.ABC):
     """Base class of batch-size policies.
 
-    Subclasses implement `initial_batch_size` and `next_batch_size`. They must keep
-    any state of their own in `tf.Variable`s (so that it is checkpointed and read
-    in-graph) and never call host-side Python per step.
+    Subclasses implement `initial_batch_size` and `next_batch_size`. They keep any
+    state of their own in `tf.Variable`s created in `build` (the engine calls it in
+    the strategy scope; the variables are checkpointed with the policy) and never call
+    host-side Python per step. After `build`, `batch_unit` is replicas x micro-batch,
+    the step in which the batch size can change.
     """
+
+    batch_unit: int = 1
+
+    def build(self, batch_unit: int) -> None:
+        """Called once by the engine, in the strategy scope, before the first step.
+
+        Raises:
+          ValueError: if the policy's bounds cannot be realised in multiples of
+            `batch_unit`.
+        """
+        self.batch_unit = batch_unit
 
     @property
     @abc.abstractmethod
@@ -80,6 +118,7 @@ class StaticPolicy(BatchPolicy):
     """
 
     def __init__(self, batch_size: int) -> None:
+        super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(
                 f"Argument `batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
@@ -93,3 +132,253 @@ class StaticPolicy(BatchPolicy):
     def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
         del stats  # A static policy does not look at the statistics.
         return tf.cast(batch_size, tf.int64)
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+
+
+class _BoundedPolicy(BatchPolicy):
+    """A policy with `min_batch_size <= batch <= max_batch_size`, checked at build."""
+
+    def __init__(
+        self, *, initial_batch_size: int, min_batch_size: int, max_batch_size: int
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("initial_batch_size", initial_batch_size),
+            ("min_batch_size", min_batch_size),
+            ("max_batch_size", max_batch_size),
+        ):
+            _check_positive_int(name, value)
+        if min_batch_size > max_batch_size:
+            raise ValueError(
+                "Argument `min_batch_size` must be <= `max_batch_size`. Received: "
+                f"min_batch_size={min_batch_size}, max_batch_size={max_batch_size}"
+            )
+        if not min_batch_size <= initial_batch_size <= max_batch_size:
+            raise ValueError(
+                "Argument `initial_batch_size` must be within [min_batch_size, "
+                f"max_batch_size] = [{min_batch_size}, {max_batch_size}]. Received: "
+                f"initial_batch_size={initial_batch_size}"
+            )
+        self._initial = initial_batch_size
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size
+
+    @property
+    def initial_batch_size(self) -> int:
+        return self._initial
+
+    def build(self, batch_unit: int) -> None:
+        super().build(batch_unit)
+        for name in ("min_batch_size", "max_batch_size"):
+            value = getattr(self, name)
+            if value % batch_unit:
+                raise ValueError(
+                    f"Argument `{name}` must be a multiple of replicas x micro_batch_size "
+                    f"= {batch_unit} to be reachable. Received: {name}={value}"
+                )
+
+    def _clamp(self, batch_size: tf.Tensor) -> tf.Tensor:
+        return tf.clip_by_value(
+            tf.cast(batch_size, tf.int64), self.min_batch_size, self.max_batch_size
+        )
+
+
+class SimiGradPolicy(_BoundedPolicy):
+    """SimiGrad's controller: hold the two groups' gradient similarity at a target.
+
+    Every `interval` optimizer steps, with c the (optionally smoothed) similarity:
+    c < target grows the batch by `step` (a fraction), c > target shrinks it by
+    `step`; each change is at least one micro-step (replicas x micro-batch) so the
+    batch can always move both ways, including back down to `min_batch_size` (the
+    reference implementation can only grow while k = 1). A NaN similarity leaves the
+    batch and the smoothing state unchanged.
+
+    Args:
+      target_similarity: in (0, 1). The paper used 0.2 (CIFAR-10 ResNet-18) and 0.8
+        (BERT-Large pre-training).
+      initial_batch_size, min_batch_size, max_batch_size: global batch sizes;
+        the bounds must be multiples of replicas x micro-batch.
+      step: relative change per adjustment, in (0, 1]; 0.1 as in the paper.
+      interval: optimizer steps between adjustments (1: every step, as in the paper).
+      smoothing: None (off, as in the paper) or the decay in [0, 1) of a debiased
+        moving average of the similarity.
+
+    Example:
+
+    >>> policy = SimiGradPolicy(0.5, initial_batch_size=64, min_batch_size=32,
+    ...                         max_batch_size=1024)
+    >>> policy.build(batch_unit=32)
+    >>> int(policy.next_batch_size(64, StepStats.make(similarity=0.1)))  # noisy: grow
+    96
+    >>> int(policy.next_batch_size(64, StepStats.make(similarity=0.9)))  # clean: shrink
+    32
+
+    References:
+      Qin, Rajbhandari, Ruwase, Yan, He. SimiGrad: Fine-Grained Adaptive Batching for
+      Large Scale Training using Gradient Similarity Measurement. NeurIPS 2021.
+    """
+
+    def __init__(
+        self,
+        target_similarity: float,
+        *,
+        initial_batch_size: int,
+        min_batch_size: int,
+        max_batch_size: int,
+        step: float = 0.1,
+        interval: int = 1,
+        smoothing: float | None = None,
+    ) -> None:
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+        )
+        if not 0.0 < target_similarity < 1.0:
+            raise ValueError(
+                "Argument `target_similarity` must be in (0, 1). "
+                f"Received: target_similarity={target_similarity!r}"
+            )
+        if not 0.0 < step <= 1.0:
+            raise ValueError(f"Argument `step` must be in (0, 1]. Received: step={step!r}")
+        _check_positive_int("interval", interval)
+        if smoothing is not None and not 0.0 <= smoothing < 1.0:
+            raise ValueError(
+                f"Argument `smoothing` must be None or in [0, 1). Received: smoothing={smoothing!r}"
+            )
+        self.target_similarity = target_similarity
+        self.step = step
+        self.interval = interval
+        self.smoothing = smoothing
+        self._built = False
+
+    def build(self, batch_unit: int) -> None:
+        super().build(batch_unit)
+        if not self._built:
+            with self.name_scope:
+                agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+                self.similarity_biased = tf.Variable(
+                    tf.constant(0.0, tf.float64),
+                    trainable=False,
+                    aggregation=agg,
+                    name="similarity_biased",
+                )
+                self.similarity_weight = tf.Variable(
+                    tf.constant(0.0, tf.float64),
+                    trainable=False,
+                    aggregation=agg,
+                    name="similarity_weight",
+                )
+            self._built = True
+
+    def smoothed_similarity(self, similarity: tf.Tensor) -> tf.Tensor:
+        """Feeds one measurement (NaN is ignored) and returns the value to act on."""
+        if self.smoothing is None:
+            return tf.cast(similarity, tf.float64)
+        ok = tf.math.is_finite(similarity)
+        theta = tf.constant(self.smoothing, tf.float64)
+        value = tf.where(ok, tf.cast(similarity, tf.float64), 0.0)
+        biased = tf.where(
+            ok, theta * self.similarity_biased + (1 - theta) * value, self.similarity_biased
+        )
+        weight = tf.where(ok, theta * self.similarity_weight + (1 - theta), self.similarity_weight)
+        self.similarity_biased.assign(biased)
+        self.similarity_weight.assign(weight)
+        return tf.where(weight > 0, biased / tf.where(weight > 0, weight, 1.0), float("nan"))
+
+    def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
+        c = self.smoothed_similarity(stats.similarity)
+        unit = self.batch_unit
+        k = tf.cast(batch_size, tf.int64) // unit
+        # Round half up (tf.round would round 0.5 to 0), and move at least one unit.
+        delta = tf.maximum(tf.cast(tf.floor(self.step * tf.cast(k, tf.float64) + 0.5), tf.int64), 1)
+        target = tf.constant(self.target_similarity, tf.float64)
+        due = tf.equal(tf.math.floormod(tf.cast(stats.step, tf.int64), self.interval), 0)
+        change = tf.where(c < target, delta, tf.where(c > target, -delta, tf.zeros_like(delta)))
+        change = tf.where(due & tf.math.is_finite(c), change, tf.zeros_like(change))
+        return self._clamp((k + change) * unit)
+
+
+class NoiseScalePolicy(_BoundedPolicy):
+    """Batch = factor x the smoothed simple noise scale tr(Sigma)/|G|^2, clamped.
+
+    McCandlish et al. (2018) find the critical batch near the noise scale. An infinite
+    noise scale (|G|^2 = 0) gives `max_batch_size`; an undefined one keeps the batch.
+
+    Example:
+
+    >>> policy = NoiseScalePolicy(factor=2.0, initial_batch_size=64, min_batch_size=32,
+    ...                           max_batch_size=512)
+    >>> policy.build(batch_unit=32)
+    >>> int(policy.next_batch_size(64, StepStats.make(noise_scale=100.0)))  # the engine rounds to 192
+    200
+    """
+
+    def __init__(
+        self,
+        factor: float = 1.0,
+        *,
+        initial_batch_size: int,
+        min_batch_size: int,
+        max_batch_size: int,
+    ) -> None:
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+        )
+        if not factor > 0:
+            raise ValueError(f"Argument `factor` must be > 0. Received: factor={factor!r}")
+        self.factor = factor
+
+    def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
+        wanted = self.factor * tf.cast(stats.noise_scale, tf.float64)
+        wanted = tf.where(tf.math.is_nan(wanted), tf.cast(batch_size, tf.float64), wanted)
+        wanted = tf.clip_by_value(wanted, float(self.min_batch_size), float(self.max_batch_size))
+        return self._clamp(tf.round(wanted))
+
+
+class SchedulePolicy(_BoundedPolicy):
+    """Batch size as a function of scale-invariant progress tau (graph-safe callable).
+
+    For "increase the batch instead of decaying the learning rate" (Smith et al., 2018).
+
+    Args:
+      schedule: `progress (float64 tensor) -> batch size`, tf.function-safe.
+
+    Example:
+
+    >>> policy = SchedulePolicy(lambda tau: tf.where(tau < 100.0, 64, 256),
+    ...                         initial_batch_size=64, min_batch_size=64, max_batch_size=256)
+    >>> policy.build(batch_unit=32)
+    >>> int(policy.next_batch_size(64, StepStats.make(progress=150.0)))
+    256
+    """
+
+    def __init__(
+        self,
+        schedule: Callable[[tf.Tensor], tf.Tensor],
+        *,
+        initial_batch_size: int,
+        min_batch_size: int,
+        max_batch_size: int,
+    ) -> None:
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+        )
+        if not callable(schedule):
+            raise TypeError(
+                f"Argument `schedule` must be callable. Received: schedule={schedule!r}"
+            )
+        self.schedule = schedule
+
+    def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
+        return self._clamp(self.schedule(tf.cast(stats.progress, tf.float64)))

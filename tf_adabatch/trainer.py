@@ -187,7 +187,10 @@ class Trainer:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
             self._checkpoint = tf.train.Checkpoint(
-                model=self.engine.model, optimizer=self.engine.optimizer, adabatch=self.engine.state
+                model=self.engine.model,
+                optimizer=self.engine.optimizer,
+                adabatch=self.engine.state,
+                policy=self.engine.policy,
             )
         return self._checkpoint
 
