@@ -102,3 +102,13 @@ def test_loss_call_is_per_example_and_unscaled_under_a_strategy() -> None:
     np.testing.assert_allclose(per_example.numpy(), [2.0, 1.0])
     # __call__ reduces and divides by the replica count, which the engine avoids.
     np.testing.assert_allclose(float(reduced), 1.5 / 4)
+
+
+def test_optimizer_keeps_its_schedule_in_learning_rate_attribute() -> None:
+    from keras.optimizers.schedules import ExponentialDecay
+
+    schedule = ExponentialDecay(0.1, 10, 0.5)
+    optimizer = keras.optimizers.SGD(schedule)
+    assert optimizer._learning_rate is schedule
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(schedule))
+    assert wrapped.inner_optimizer._learning_rate is schedule

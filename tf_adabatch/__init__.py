@@ -3,8 +3,8 @@
 The public API, in one place:
 
 >>> import tf_adabatch
->>> sorted(name for name in tf_adabatch.__all__)[:3]
-['AdaptiveEngine', 'AdaptiveState', 'BatchPolicy']
+>>> sorted(tf_adabatch.__all__)[:3]
+['AdaptiveEngine', 'AdaptiveLearningRate', 'AdaptiveState']
 """
 
 from tf_adabatch import stats
@@ -17,13 +17,16 @@ from tf_adabatch.policies import (
     StaticPolicy,
     StepStats,
 )
+from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 from tf_adabatch.trainer import Trainer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LR_RULES",
     "AdaptiveEngine",
+    "AdaptiveLearningRate",
     "AdaptiveState",
     "BatchPolicy",
     "NoiseScalePolicy",

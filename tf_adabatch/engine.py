@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tf_adabatch import stats as S
 from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
+from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["SIMILARITY_MODES", "AdaptiveEngine"]
@@ -234,6 +235,19 @@ class AdaptiveEngine:
             # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
             self._scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
         self._bypass = _AllReduceBypass(optimizer)
+        # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
+        # state. Keras keeps the schedule in the private `_learning_rate` (pinned by
+        # tests/test_keras_private.py).
+        self.lr_schedule: AdaptiveLearningRate | None = None
+        for opt in _optimizer_chain(optimizer):
+            schedule = getattr(opt, "_learning_rate", None)
+            if isinstance(schedule, AdaptiveLearningRate):
+                schedule.bind(
+                    self.state,
+                    batch_unit=self.num_replicas * micro_batch_size,
+                    base_batch_size=self.base_batch_size,
+                )
+                self.lr_schedule = schedule
         self.trace_count = 0
 
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
@@ -504,7 +518,12 @@ class AdaptiveEngine:
         # depend on the micro-steps, so that a step cut short by the end of the data
         # (an error inside the loop) leaves the state untouched.
         batch = tf.cast(tf.round(logs["batch_size"]), tf.int64)
-        state.progress.assign_add(tf.where(finite, state.gain, 0.0))
+        if self.lr_schedule is None:
+            increment = state.gain.read_value()
+        else:
+            scale = tf.cast(batch, _F64) / float(self.base_batch_size)
+            increment = self.lr_schedule.progress_increment(state.gain, scale)
+        state.progress.assign_add(tf.where(finite, increment, 0.0))
         state.steps.assign_add(applied)
         state.skipped_steps.assign_add(1 - applied)
         state.samples_seen.assign_add(batch)

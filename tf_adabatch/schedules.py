@@ -1,0 +1,158 @@
+"""Learning-rate rules for a changing batch: AdaScale, square-root, linear, none.
+
+`AdaptiveLearningRate` is a Keras `LearningRateSchedule` that wraps the user's own
+schedule (or a constant), tuned for the base batch B0 and written in base-batch steps:
+
+    adascale  lr = r^p * base(floor(tau)),  tau += r      (p = 1; 0.5 for Adam-like)
+    sqrt      lr = sqrt(S) * base(floor(tau)), tau += S   (SimiGrad's reference rule)
+    linear    lr = S * base(floor(tau)),    tau += S      (optional linear warm-up)
+    none      lr = base(floor(tau)),        tau += S
+
+with S = B / B0 the current scale and r the AdaScale gain. Pass it to the optimizer;
+the engine binds it to its adaptive state (gain, tau, batch), which is checkpointed
+with the rest of that state. Until it is bound (or after a `from_config` without an
+engine), it behaves as the base schedule read at the optimizer's step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.optimizers.schedules import LearningRateSchedule
+
+from tf_adabatch.state import AdaptiveState
+
+__all__ = ["LR_RULES", "AdaptiveLearningRate"]
+
+LR_RULES = ("adascale", "sqrt", "linear", "none")
+
+
+@keras.saving.register_keras_serializable(package="tf_adabatch")
+class AdaptiveLearningRate(LearningRateSchedule):
+    """The user's learning-rate schedule, run on scale-invariant progress.
+
+    Args:
+      base: a float or any Keras `LearningRateSchedule`, tuned for the base batch and
+        indexed in base-batch steps.
+      rule: one of "adascale" (default), "sqrt", "linear", "none".
+      gain_power: p in lr = r^p * base under "adascale"; 0.5 is AdaptDL's rule for
+        Adam-like optimizers (the AdaScale paper validated SGD with p = 1).
+      warmup_steps: under "linear", ramp the factor from 1 to S over this many base
+        steps of progress (Goyal et al., 2017); 0 disables it.
+
+    Example:
+
+    >>> lr = AdaptiveLearningRate(keras.optimizers.schedules.CosineDecay(0.1, 1000))
+    >>> optimizer = keras.optimizers.SGD(lr, momentum=0.9)
+    >>> round(float(lr(0)), 6)  # not bound to an engine yet: the base schedule
+    0.1
+    >>> AdaptiveLearningRate.from_config(lr.get_config()).rule
+    'adascale'
+    """
+
+    def __init__(
+        self,
+        base: float | LearningRateSchedule,
+        rule: str = "adascale",
+        *,
+        gain_power: float = 1.0,
+        warmup_steps: int = 0,
+    ) -> None:
+        super().__init__()
+        if rule not in LR_RULES:
+            raise ValueError(f"Argument `rule` must be one of {LR_RULES}. Received: rule={rule!r}")
+        if not isinstance(base, LearningRateSchedule):
+            if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+                raise ValueError(
+                    "Argument `base` must be a positive float or a Keras "
+                    f"LearningRateSchedule. Received: base={base!r}"
+                )
+            base = float(base)
+        if not 0.0 < gain_power <= 1.0:
+            raise ValueError(
+                f"Argument `gain_power` must be in (0, 1]. Received: gain_power={gain_power!r}"
+            )
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(
+                "Argument `warmup_steps` must be a non-negative integer. "
+                f"Received: warmup_steps={warmup_steps!r}"
+            )
+        if warmup_steps and rule != "linear":
+            raise ValueError(
+                "Argument `warmup_steps` applies to rule='linear' only (AdaScale's "
+                f"warm-up emerges by itself). Received: warmup_steps={warmup_steps}, rule={rule!r}"
+            )
+        self.base = base
+        self.rule = rule
+        self.gain_power = gain_power
+        self.warmup_steps = warmup_steps
+        self._state: AdaptiveState | None = None
+        self._batch_unit = 1
+        self._base_batch_size = 1
+
+    def bind(self, state: AdaptiveState, *, batch_unit: int, base_batch_size: int) -> None:
+        """Reads gain, progress and batch from `state` from now on (called by the engine)."""
+        self._state = state
+        self._batch_unit = batch_unit
+        self._base_batch_size = base_batch_size
+
+    def base_learning_rate(self, step: tf.Tensor) -> tf.Tensor:
+        """The base schedule at base-batch step `step` (float32)."""
+        if isinstance(self.base, LearningRateSchedule):
+            return tf.cast(self.base(step), tf.float32)
+        return tf.constant(self.base, tf.float32)
+
+    def factor(self, gain: tf.Tensor, scale: tf.Tensor, progress: tf.Tensor) -> tf.Tensor:
+        """The rule's multiplier of the base learning rate (float64).
+
+        >>> rule = AdaptiveLearningRate(0.1, "linear", warmup_steps=100)
+        >>> float(rule.factor(1.0, 8.0, 50.0))  # half-way through warm-up: 1 + 7/2
+        4.5
+        """
+        gain = tf.cast(gain, tf.float64)
+        scale = tf.cast(scale, tf.float64)
+        if self.rule == "adascale":
+            return gain if self.gain_power == 1.0 else tf.pow(gain, self.gain_power)
+        if self.rule == "sqrt":
+            return tf.sqrt(scale)
+        if self.rule == "linear":
+            if not self.warmup_steps:
+                return scale
+            ramp = tf.minimum(tf.cast(progress, tf.float64) / self.warmup_steps, 1.0)
+            return 1.0 + (scale - 1.0) * ramp
+        return tf.ones_like(scale)
+
+    def progress_increment(self, gain: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+        """How far one optimizer step advances tau: r under AdaScale, S otherwise."""
+        return tf.cast(gain if self.rule == "adascale" else scale, tf.float64)
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        state = self._state
+        if state is None:
+            return self.base_learning_rate(step)
+        progress = state.progress.read_value()
+        batch = tf.cast(state.accumulation_steps, tf.float64) * self._batch_unit
+        scale = batch / self._base_batch_size
+        factor = self.factor(state.gain.read_value(), scale, progress)
+        base = self.base_learning_rate(tf.floor(progress))
+        return tf.cast(tf.cast(base, tf.float64) * factor, tf.float32)
+
+    def get_config(self) -> dict[str, Any]:
+        base = self.base
+        return {
+            "base": keras.saving.serialize_keras_object(base)
+            if isinstance(base, LearningRateSchedule)
+            else base,
+            "rule": self.rule,
+            "gain_power": self.gain_power,
+            "warmup_steps": self.warmup_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> AdaptiveLearningRate:
+        config = dict(config)
+        if isinstance(config["base"], dict):
+            config["base"] = keras.saving.deserialize_keras_object(config["base"])
+        return cls(**config)
