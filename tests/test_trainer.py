@@ -76,6 +76,7 @@ def test_quiet_fit_prints_nothing_and_writes_nothing(tmp_path, capsys, monkeypat
             "samples_seen",
             "skipped_steps",
             "applied",
+            "step",
         ]
     )
     assert len(history["loss"]) == 3

@@ -295,7 +295,8 @@ class AdaptiveEngine:
         Returns:
           A dict of scalar tensors: loss, batch_size, accumulation_steps, gain,
           similarity, noise_scale, grad_sqr, grad_var, learning_rate, progress,
-          samples_seen, skipped_steps, applied (1.0 or 0.0).
+          samples_seen, skipped_steps, applied (1.0 or 0.0), step (optimizer steps
+          taken, skipped ones included).
         """
         return self._step_fn(iterator)
 
@@ -550,6 +551,7 @@ class AdaptiveEngine:
             "samples_seen": tf.cast(state.samples_seen, _F64),
             "skipped_steps": tf.cast(state.skipped_steps, _F64),
             "applied": tf.cast(finite, _F64),
+            "step": tf.cast(state.steps + state.skipped_steps, _F64),
         }
 
     # ---------------------------------------------------------------- validation

@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_adabatch import stats
+from tf_adabatch import stats, summaries
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.policies import BatchPolicy
 from tf_adabatch.state import AdaptiveState
@@ -97,6 +97,7 @@ class Trainer:
             strategy=strategy,
         )
         self._checkpoint: tf.train.Checkpoint | None = None
+        self._writers: dict[str, tf.summary.SummaryWriter] = {}
 
     # ------------------------------------------------------------------ the loop
 
@@ -134,46 +135,92 @@ class Trainer:
             return strategy.distribute_datasets_from_function(fn)
         return dataset
 
-    def fit(self, dataset: Any, *, steps: int, verbose: int = 1) -> dict[str, list[float]]:
-        """Trains for `steps` optimizer steps (fewer if the dataset runs out).
+    def fit(
+        self,
+        dataset: Any,
+        *,
+        steps: int | None = None,
+        until_progress: float | None = None,
+        summary_dir: str | None = None,
+        verbose: int = 1,
+    ) -> dict[str, list[float]]:
+        """Trains until `steps` optimizer steps or a progress budget, whichever is first.
 
         Args:
-          dataset: see `distribute`; repeat it (`.repeat()`) so that it outlasts the run,
-            whatever batch sizes the policy chooses.
+          dataset: see `distribute`, or an iterator over a distributed dataset (to go
+            on where an earlier call stopped). Repeat the dataset (`.repeat()`) so that
+            it outlasts the run whatever batch sizes the policy chooses.
           steps: optimizer steps to run (skipped non-finite steps count).
+          until_progress: stop once the scale-invariant progress tau reaches this
+            budget, in base-batch steps (the length of the base learning-rate
+            schedule is the natural choice).
+          summary_dir: if given, write TensorBoard summaries of every step there
+            (tags in `tf_adabatch.summaries`). Nothing is written otherwise.
           verbose: 1 shows a progress bar; 0 prints nothing.
 
         Returns:
           The per-step logs, as lists of floats keyed by name (see
           `AdaptiveEngine.train_step`).
+
+        Raises:
+          ValueError: if neither `steps` nor `until_progress` is given, or one is invalid.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        if steps is None and until_progress is None:
+            raise ValueError("Pass `steps`, `until_progress` or both. Received neither.")
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
+        ):
             raise ValueError(
                 f"Argument `steps` must be a non-negative integer. Received: steps={steps!r}"
             )
-        iterator = iter(self.distribute(dataset))
+        if until_progress is not None and not until_progress >= 0:
+            raise ValueError(
+                f"Argument `until_progress` must be >= 0. Received: until_progress={until_progress!r}"
+            )
+        iterator = dataset if hasattr(dataset, "__next__") else iter(self.distribute(dataset))
+        writer = self._writer(summary_dir)
+        target = steps if steps is not None else None
         progbar = (
-            keras.utils.Progbar(steps, stateful_metrics=_PROGRESS_KEYS, unit_name="step")
+            keras.utils.Progbar(target, stateful_metrics=_PROGRESS_KEYS, unit_name="step")
             if verbose
             else None
         )
         history: dict[str, list[float]] = {}
-        for step in range(steps):
+        done = 0
+        while (steps is None or done < steps) and (
+            until_progress is None or self.progress < until_progress
+        ):
             try:
                 logs = self.engine.train_step(iterator)
             except tf.errors.OutOfRangeError:
+                # Nothing to undo: the next step's first micro-step overwrites the
+                # accumulators, and no state was written by the cut step.
                 warnings.warn(
-                    f"The dataset ran out after {step} optimizer steps of {steps}; the "
-                    "unfinished step was discarded. Repeat the dataset to train longer.",
+                    f"The dataset ran out after {done} optimizer steps; the unfinished "
+                    "step was discarded. Repeat the dataset to train longer.",
                     stacklevel=2,
                 )
                 break
+            done += 1
             values = {name: float(value) for name, value in logs.items()}
             for name, value in values.items():
                 history.setdefault(name, []).append(value)
+            if writer is not None:
+                summaries.write_step(writer, int(values["step"]), values)
             if progbar is not None:
-                progbar.update(step + 1, [(name, values[name]) for name in _PROGRESS_KEYS])
+                progbar.update(done, [(name, values[name]) for name in _PROGRESS_KEYS])
+        if writer is not None:
+            writer.flush()
         return history
+
+    def _writer(self, summary_dir: str | None) -> tf.summary.SummaryWriter | None:
+        if summary_dir is None:
+            return None
+        if summary_dir not in self._writers:
+            writer = tf.summary.create_file_writer(summary_dir)
+            summaries.write_layout(writer)
+            self._writers[summary_dir] = writer
+        return self._writers[summary_dir]
 
     # -------------------------------------------------------------- read-only view
 
