@@ -21,7 +21,7 @@ from tf_adabatch.state import AdaptiveState
 __all__ = ["Trainer"]
 
 # Shown on the progress bar, in this order (all as current values, not averages).
-_PROGRESS_KEYS = ("loss", "batch_size", "gain", "similarity", "learning_rate")
+_PROGRESS_KEYS = ("loss", "batch_size", "gain", "similarity", "learning_rate", "progress")
 
 
 class Trainer:
@@ -98,6 +98,8 @@ class Trainer:
         )
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
+        self._eval_fn: Any = None
+        self._eval_names: list[str] = []
 
     # ------------------------------------------------------------------ the loop
 
@@ -142,6 +144,7 @@ class Trainer:
         steps: int | None = None,
         until_progress: float | None = None,
         summary_dir: str | None = None,
+        callbacks: list[keras.callbacks.Callback] | None = None,
         verbose: int = 1,
     ) -> dict[str, list[float]]:
         """Trains until `steps` optimizer steps or a progress budget, whichever is first.
@@ -156,6 +159,9 @@ class Trainer:
             schedule is the natural choice).
           summary_dir: if given, write TensorBoard summaries of every step there
             (tags in `tf_adabatch.summaries`). Nothing is written otherwise.
+          callbacks: Keras callbacks; they get `on_train_begin/end` and
+            `on_train_batch_begin/end(step, logs)` once per optimizer step, and may
+            stop training with `model.stop_training = True`.
           verbose: 1 shows a progress bar; 0 prints nothing.
 
         Returns:
@@ -179,17 +185,25 @@ class Trainer:
             )
         iterator = dataset if hasattr(dataset, "__next__") else iter(self.distribute(dataset))
         writer = self._writer(summary_dir)
-        target = steps if steps is not None else None
-        progbar = (
-            keras.utils.Progbar(target, stateful_metrics=_PROGRESS_KEYS, unit_name="step")
-            if verbose
-            else None
-        )
+        # Without a step count the bar runs on progress tau towards the budget.
+        by_progress = steps is None
+        progbar = None
+        if verbose:
+            target = until_progress if by_progress else steps
+            unit = "base step" if by_progress else "step"
+            progbar = keras.utils.Progbar(target, stateful_metrics=_PROGRESS_KEYS, unit_name=unit)
         history: dict[str, list[float]] = {}
+        model = self.engine.model
+        hooks = keras.callbacks.CallbackList(callbacks, model=model)
+        model.stop_training = False
+        hooks.on_train_begin()
         done = 0
-        while (steps is None or done < steps) and (
-            until_progress is None or self.progress < until_progress
+        while (
+            (steps is None or done < steps)
+            and (until_progress is None or self.progress < until_progress)
+            and not model.stop_training
         ):
+            hooks.on_train_batch_begin(done)
             try:
                 logs = self.engine.train_step(iterator)
             except tf.errors.OutOfRangeError:
@@ -208,10 +222,70 @@ class Trainer:
             if writer is not None:
                 summaries.write_step(writer, int(values["step"]), values)
             if progbar is not None:
-                progbar.update(done, [(name, values[name]) for name in _PROGRESS_KEYS])
+                current = done
+                if by_progress and until_progress is not None:
+                    current = min(values["progress"], until_progress)
+                progbar.update(current, [(name, values[name]) for name in _PROGRESS_KEYS])
+            hooks.on_train_batch_end(done - 1, values)
+        hooks.on_train_end({name: v[-1] for name, v in history.items()} if history else {})
         if writer is not None:
             writer.flush()
         return history
+
+    def evaluate(
+        self,
+        dataset: Any,
+        *,
+        metrics: dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] | None = None,
+    ) -> dict[str, float]:
+        """Mean loss (and per-example metrics) over a finite dataset, on all replicas.
+
+        Sums and counts are all-reduced, so uneven last batches are exact, under any
+        strategy (MultiWorkerMirroredStrategy included).
+
+        Args:
+          dataset: a finite `tf.data.Dataset` of global batches (any batch size;
+            `drop_remainder` not needed), or a per-replica dataset function.
+          metrics: name -> `(y_true, y_pred) -> per-example values`, e.g.
+            `{"accuracy": keras.metrics.sparse_categorical_accuracy}`.
+
+        Returns:
+          {"loss": ..., **metrics}, as floats.
+        """
+        engine = self.engine
+        strategy = engine.strategy
+        fns = {"loss": engine._loss_fn, **(metrics or {})}
+        if self._eval_fn is None or self._eval_names != list(fns):
+
+            def replica_step(data: Any) -> tf.Tensor:
+                x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+                y_pred = engine.model(x, training=False)
+                sums = [tf.reduce_sum(tf.cast(fn(y, y_pred), tf.float64)) for fn in fns.values()]
+                count = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float64)
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([*sums, count]))
+
+            @tf.function(reduce_retracing=True)
+            def eval_step(data: Any) -> tf.Tensor:
+                per_replica = strategy.run(replica_step, args=(data,))
+                return strategy.experimental_local_results(per_replica)[0]
+
+            self._eval_fn, self._eval_names = eval_step, list(fns)
+        if isinstance(dataset, tf.data.Dataset):
+            dist = strategy.experimental_distribute_dataset(dataset)
+        else:
+            dist = strategy.distribute_datasets_from_function(dataset)
+        total = None
+        iterator = iter(dist)
+        while True:
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            part = self._eval_fn(optional.get_value()).numpy()
+            total = part if total is None else total + part
+        if total is None or total[-1] == 0:
+            raise ValueError("Argument `dataset` must not be empty.")
+        return {name: float(total[i] / total[-1]) for i, name in enumerate(fns)}
 
     def _writer(self, summary_dir: str | None) -> tf.summary.SummaryWriter | None:
         if summary_dir is None:

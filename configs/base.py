@@ -1,0 +1,70 @@
+r"""The shared defaults every config starts from (Fashion-MNIST CNN, SimiGrad + AdaScale).
+
+    python launch/train.py --config=configs/base.py --workdir=workdir/base
+
+Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
+  seed                      data order and initialisation
+  dataset                   fashion_mnist | digits | synthetic
+  model                     cnn | mlp
+  strategy                  mirrored | one_device | multi_worker | tpu
+  num_cpu_replicas          mirrored without GPUs: logical CPU devices to simulate
+  micro_batch_size          examples per replica per micro-step
+  base_batch_size           B0: the batch the learning rate and schedule are tuned for
+  similarity                exact (group cosine) | estimated (from scalar statistics)
+  policy.kind               static | simigrad | noise_scale
+  policy.initial_batch_size / min_batch_size / max_batch_size   global batch sizes
+  policy.target_similarity, step, interval, smoothing           SimiGrad controller
+  policy.factor             noise_scale: batch = factor x noise scale
+  optimizer.learning_rate   base learning rate at B0; momentum, nesterov: SGD
+  lr.rule                   adascale | sqrt | linear | none
+  lr.schedule               cosine (over the base run) | constant
+  lr.gain_power             1 (SGD); 0.5 for Adam-like optimizers
+  lr.warmup_base_epochs     linear rule only: warm-up length
+  train.base_epochs         the budget: epochs at the base batch (progress tau)
+  train.max_steps           optional cap on optimizer steps (None: no cap)
+  train.checkpoint_every_steps, eval_every_base_epochs, eval_batch_size
+"""
+
+from ml_collections import config_dict
+
+
+def get_config() -> config_dict.ConfigDict:
+    config = config_dict.ConfigDict()
+    config.seed = 0
+    config.dataset = "fashion_mnist"
+    config.model = "cnn"
+    config.strategy = "mirrored"
+    config.num_cpu_replicas = 4
+    config.micro_batch_size = 32
+    config.base_batch_size = 128
+    config.similarity = "exact"
+
+    config.policy = config_dict.ConfigDict()
+    config.policy.kind = "simigrad"
+    config.policy.initial_batch_size = 128
+    config.policy.min_batch_size = 128
+    config.policy.max_batch_size = 2048
+    config.policy.target_similarity = 0.5
+    config.policy.step = 0.1
+    config.policy.interval = 1
+    config.policy.smoothing = config_dict.placeholder(float)
+    config.policy.factor = 1.0
+
+    config.optimizer = config_dict.ConfigDict()
+    config.optimizer.learning_rate = 0.05
+    config.optimizer.momentum = 0.9
+    config.optimizer.nesterov = False
+
+    config.lr = config_dict.ConfigDict()
+    config.lr.rule = "adascale"
+    config.lr.schedule = "cosine"
+    config.lr.gain_power = 1.0
+    config.lr.warmup_base_epochs = 0.0
+
+    config.train = config_dict.ConfigDict()
+    config.train.base_epochs = 10.0
+    config.train.max_steps = config_dict.placeholder(int)
+    config.train.checkpoint_every_steps = 100
+    config.train.eval_every_base_epochs = 1.0
+    config.train.eval_batch_size = 1000
+    return config

@@ -1,0 +1,287 @@
+"""`run(config, workdir)`: one training job from an ml_collections config.
+
+The launch script only parses flags and calls `run`. Everything here is plain library
+code: a strategy, the data, a model, the adaptive trainer, checkpoints (rerunning on
+the same workdir resumes), TensorBoard logs and a final `metrics.json`.
+
+Workdir layout:
+    checkpoints/        tf.train.CheckpointManager (model, optimizer, adaptive state)
+    tensorboard/train/  adabatch/*, train/loss every optimizer step
+    tensorboard/eval/   eval/loss, eval/accuracy at each evaluation
+    metrics.json        written at the end
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+from tf_adabatch import policies, summaries
+from tf_adabatch.data import pipeline
+from tf_adabatch.models import MODELS, build_model
+from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
+from tf_adabatch.trainer import Trainer
+
+__all__ = ["STRATEGIES", "make_strategy", "run", "validate_config"]
+
+STRATEGIES = ("mirrored", "one_device", "multi_worker", "tpu")
+POLICIES = ("static", "simigrad", "noise_scale")
+
+
+class ConfigError(ValueError):
+    """A config field breaks a rule; the message names the field, rule and value."""
+
+
+def _require(ok: bool, field: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"Config field `{field}` must {rule}. Received: {field}={value!r}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Checks every field `run` reads, before anything is built.
+
+    Raises:
+      ConfigError: naming the first field that breaks its rule.
+    """
+    c = config
+    _require(c.dataset in pipeline.DATASETS, "dataset", f"be one of {pipeline.DATASETS}", c.dataset)
+    _require(c.model in MODELS, "model", f"be one of {MODELS}", c.model)
+    _require(c.strategy in STRATEGIES, "strategy", f"be one of {STRATEGIES}", c.strategy)
+    _require(c.num_cpu_replicas >= 1, "num_cpu_replicas", "be >= 1", c.num_cpu_replicas)
+    _require(c.micro_batch_size >= 1, "micro_batch_size", "be >= 1", c.micro_batch_size)
+    _require(c.base_batch_size >= 1, "base_batch_size", "be >= 1", c.base_batch_size)
+    _require(
+        c.similarity in ("exact", "estimated"),
+        "similarity",
+        "be 'exact' or 'estimated'",
+        c.similarity,
+    )
+    _require(c.policy.kind in POLICIES, "policy.kind", f"be one of {POLICIES}", c.policy.kind)
+    _require(c.lr.rule in LR_RULES, "lr.rule", f"be one of {LR_RULES}", c.lr.rule)
+    _require(
+        c.lr.schedule in ("cosine", "constant"),
+        "lr.schedule",
+        "be 'cosine' or 'constant'",
+        c.lr.schedule,
+    )
+    _require(
+        c.optimizer.learning_rate > 0,
+        "optimizer.learning_rate",
+        "be > 0",
+        c.optimizer.learning_rate,
+    )
+    _require(
+        0 <= c.optimizer.momentum < 1, "optimizer.momentum", "be in [0, 1)", c.optimizer.momentum
+    )
+    _require(c.train.base_epochs > 0, "train.base_epochs", "be > 0", c.train.base_epochs)
+    _require(
+        c.train.checkpoint_every_steps >= 1,
+        "train.checkpoint_every_steps",
+        "be >= 1",
+        c.train.checkpoint_every_steps,
+    )
+    _require(
+        c.train.eval_every_base_epochs > 0,
+        "train.eval_every_base_epochs",
+        "be > 0",
+        c.train.eval_every_base_epochs,
+    )
+    _require(
+        c.train.max_steps is None or c.train.max_steps >= 1,
+        "train.max_steps",
+        "be None or >= 1",
+        c.train.max_steps,
+    )
+
+
+def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    """The strategy named by `config.strategy` (call before any other TensorFlow op).
+
+    "mirrored" uses all local GPUs, or `num_cpu_replicas` logical CPU devices when
+    there are none; "multi_worker" reads TF_CONFIG; "tpu" connects to the local TPU.
+    """
+    kind = config.strategy
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if kind == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_physical_devices("GPU")
+    if kind == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if gpus:
+        return tf.distribute.MirroredStrategy()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    n = config.num_cpu_replicas
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * n
+        )
+    except RuntimeError as err:  # already initialised: fine if there are enough devices
+        if len(tf.config.list_logical_devices("CPU")) < n:
+            raise RuntimeError(
+                f"Cannot create {n} logical CPU devices: TensorFlow was initialised "
+                "before `make_strategy`. Call it first in the process."
+            ) from err
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def _policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
+    p = config.policy
+    bounds = {
+        "initial_batch_size": p.initial_batch_size,
+        "min_batch_size": p.min_batch_size,
+        "max_batch_size": p.max_batch_size,
+    }
+    if p.kind == "static":
+        return policies.StaticPolicy(p.initial_batch_size)
+    if p.kind == "noise_scale":
+        return policies.NoiseScalePolicy(p.factor, **bounds)
+    return policies.SimiGradPolicy(
+        p.target_similarity, step=p.step, interval=p.interval, smoothing=p.smoothing, **bounds
+    )
+
+
+def _optimizer(config: ml_collections.ConfigDict, base_steps: int) -> keras.optimizers.Optimizer:
+    lr = config.optimizer.learning_rate
+    base: float | keras.optimizers.schedules.LearningRateSchedule = lr
+    if config.lr.schedule == "cosine":
+        base = keras.optimizers.schedules.CosineDecay(lr, decay_steps=base_steps)
+    warmup = round(config.lr.warmup_base_epochs * base_steps / config.train.base_epochs)
+    schedule = AdaptiveLearningRate(
+        base, config.lr.rule, gain_power=config.lr.gain_power, warmup_steps=warmup
+    )
+    return keras.optimizers.SGD(
+        schedule, momentum=config.optimizer.momentum, nesterov=config.optimizer.nesterov
+    )
+
+
+class _Checkpointing(keras.callbacks.Callback):
+    """Saves every `every` optimizer steps and evaluates at the configured interval."""
+
+    def __init__(self, manager: tf.train.CheckpointManager, every: int, evaluate: Any) -> None:
+        super().__init__()
+        self.manager, self.every, self.evaluate = manager, every, evaluate
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        logs = logs or {}
+        step = int(logs.get("step", 0))
+        self.evaluate(logs)
+        if step % self.every == 0:
+            self.manager.save(checkpoint_number=step)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Trains `config` in `workdir`, resuming from its last checkpoint if there is one.
+
+    Args:
+      config: see `configs/base.py` for every field.
+      workdir: output folder (created if needed).
+
+    Returns:
+      The final metrics, also written to `workdir/metrics.json`.
+
+    Raises:
+      ConfigError: for a config value that breaks a rule.
+    """
+    validate_config(config)
+    start = time.time()
+    strategy = make_strategy(config)
+    (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
+    b0 = config.base_batch_size
+    base_steps = max(1, math.ceil(config.train.base_epochs * len(x) / b0))
+    eval_every = config.train.eval_every_base_epochs * len(x) / b0
+    with strategy.scope():
+        model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
+        optimizer = _optimizer(config, base_steps)
+    trainer = Trainer(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=optimizer,
+        micro_batch_size=config.micro_batch_size,
+        base_batch_size=b0,
+        policy=_policy(config),
+        similarity=config.similarity,
+        strategy=strategy,
+    )
+    os.makedirs(workdir, exist_ok=True)
+    manager = tf.train.CheckpointManager(
+        trainer.checkpoint, os.path.join(workdir, "checkpoints"), max_to_keep=2
+    )
+    if manager.latest_checkpoint:
+        trainer.checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        print(
+            f"Resumed from {manager.latest_checkpoint}: step {int(trainer.state.steps)}, progress {trainer.progress:.1f}/{base_steps}"
+        )
+    samples = int(trainer.state.samples_seen.numpy())
+    dataset_fn = pipeline.train_dataset_fn(
+        x,
+        y,
+        micro_batch_size=config.micro_batch_size,
+        seed=config.seed,
+        skip_micro_batches=samples // config.micro_batch_size,
+    )
+    iterator = iter(trainer.distribute(dataset_fn))
+    test = pipeline.eval_dataset(x_test, y_test, config.train.eval_batch_size)
+    eval_writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard", "eval"))
+    metrics_fns = {"accuracy": keras.metrics.sparse_categorical_accuracy}
+    next_eval = [(math.floor(trainer.progress / eval_every) + 1) * eval_every]
+
+    def evaluate(logs: dict[str, float]) -> None:
+        if logs and logs.get("progress", 0.0) < next_eval[0]:
+            return
+        next_eval[0] += eval_every
+        result = trainer.evaluate(test, metrics=metrics_fns)
+        with eval_writer.as_default(step=int(logs.get("step", trainer.state.steps.numpy()))):
+            for name, value in result.items():
+                tf.summary.scalar(summaries.eval_tag(name), value)
+        eval_writer.flush()
+
+    remaining = None
+    if config.train.max_steps is not None:
+        remaining = max(
+            0, config.train.max_steps - int(trainer.state.steps + trainer.state.skipped_steps)
+        )
+    trainer.fit(
+        iterator,
+        steps=remaining,
+        until_progress=float(base_steps),
+        summary_dir=os.path.join(workdir, "tensorboard", "train"),
+        callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
+        verbose=1,
+    )
+    manager.save(checkpoint_number=int(trainer.state.steps + trainer.state.skipped_steps))
+    result = trainer.evaluate(test, metrics=metrics_fns)
+    steps = int(trainer.state.steps.numpy())
+    samples = int(trainer.state.samples_seen.numpy())
+    metrics = {
+        "test_accuracy": result["accuracy"],
+        "test_loss": result["loss"],
+        "optimizer_steps": steps,
+        "skipped_steps": int(trainer.state.skipped_steps.numpy()),
+        "examples_seen": samples,
+        "average_batch_size": samples / max(1, steps + int(trainer.state.skipped_steps.numpy())),
+        "progress": trainer.progress,
+        "base_steps": base_steps,
+        "wall_time_s": time.time() - start,
+        "replicas": strategy.num_replicas_in_sync,
+    }
+    with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
+        json.dump(metrics, f, indent=2)
+    with eval_writer.as_default(step=steps):
+        for name, value in result.items():
+            tf.summary.scalar(summaries.eval_tag(name), value)
+    eval_writer.flush()
+    print(
+        f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {steps} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(workdir, 'metrics.json')}"
+    )
+    return metrics
