@@ -222,7 +222,7 @@ class Trainer:
             if writer is not None:
                 summaries.write_step(writer, int(values["step"]), values)
             if progbar is not None:
-                current = done
+                current: float = done
                 if by_progress and until_progress is not None:
                     current = min(values["progress"], until_progress)
                 progbar.update(current, [(name, values[name]) for name in _PROGRESS_KEYS])
