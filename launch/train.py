@@ -38,11 +38,29 @@ def main(argv: list[str]) -> None:
     from tf_adabatch import experiment
 
     try:
-        experiment.run(_CONFIG.value, _WORKDIR.value)
+        config = _CONFIG.value
+        config.keys()  # a config that failed to load raises on first use
+    except OSError as err:  # ml_collections reports a bad config file on first use
+        print(f"error: --config: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        experiment.run(config, _WORKDIR.value)
     except experiment.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with any bad flag or override reported as one line, exit code 2."""
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as err:
+        message = " ".join(str(err).replace("\\'", "'").replace("\\n", " ").split())
+        if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
+            message = message[1:-1]
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -99,6 +99,24 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         "be None or >= 1",
         c.train.max_steps,
     )
+    # The policy and the learning-rate rule check their own arguments (Keras-style
+    # messages); report them against the config fields.
+    # (No TensorFlow op may run here: `make_strategy` must come first in a process.)
+    for prefix, build in (("policy", _policy), ("lr", lambda cfg: _schedule(cfg, 1))):
+        try:
+            build(c)
+        except ValueError as err:
+            raise ConfigError(f"Config `{prefix}`: {err}") from err
+    unit = c.num_cpu_replicas * c.micro_batch_size
+    if c.strategy == "mirrored" and c.policy.kind != "static":
+        for field in ("min_batch_size", "max_batch_size"):
+            value = c.policy[field]
+            _require(
+                value % unit == 0,
+                f"policy.{field}",
+                f"be a multiple of num_cpu_replicas x micro_batch_size = {unit} to be reachable",
+                value,
+            )
 
 
 def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
@@ -151,17 +169,22 @@ def _policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
     )
 
 
-def _optimizer(config: ml_collections.ConfigDict, base_steps: int) -> keras.optimizers.Optimizer:
+def _schedule(config: ml_collections.ConfigDict, base_steps: int) -> AdaptiveLearningRate:
     lr = config.optimizer.learning_rate
     base: float | keras.optimizers.schedules.LearningRateSchedule = lr
     if config.lr.schedule == "cosine":
         base = keras.optimizers.schedules.CosineDecay(lr, decay_steps=base_steps)
     warmup = round(config.lr.warmup_base_epochs * base_steps / config.train.base_epochs)
-    schedule = AdaptiveLearningRate(
+    return AdaptiveLearningRate(
         base, config.lr.rule, gain_power=config.lr.gain_power, warmup_steps=warmup
     )
+
+
+def _optimizer(config: ml_collections.ConfigDict, base_steps: int) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(
-        schedule, momentum=config.optimizer.momentum, nesterov=config.optimizer.nesterov
+        _schedule(config, base_steps),
+        momentum=config.optimizer.momentum,
+        nesterov=config.optimizer.nesterov,
     )
 
 
@@ -220,7 +243,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if manager.latest_checkpoint:
         trainer.checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         print(
-            f"Resumed from {manager.latest_checkpoint}: step {int(trainer.state.steps)}, progress {trainer.progress:.1f}/{base_steps}"
+            f"Resumed from {manager.latest_checkpoint}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
         )
     samples = int(trainer.state.samples_seen.numpy())
     dataset_fn = pipeline.train_dataset_fn(

@@ -6,6 +6,7 @@ one place (`train_dataset_fn`), which matters when the batch size changes every 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -64,8 +65,11 @@ def eval_dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Datas
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
 
+@functools.lru_cache(maxsize=4)
 def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
     """(train, test, num_classes) as float32 images in [0, 1] (N, H, W, 1) and int labels.
+
+    Cached per process (the arrays are shared: do not modify them).
 
     - "fashion_mnist": 60k/10k, through the offline TFDS builder (`tf_adabatch.data`).
     - "digits": scikit-learn's 1,797 8x8 digits, split 1,497/300 with `seed`.

@@ -1,0 +1,160 @@
+"""launch/train.py end to end: every shipped config, resume after a kill, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from configs import base
+from tf_adabatch import experiment
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
+TIMEOUT_S = 300
+FAST = [
+    "--config.train.max_steps=3",
+    "--config.num_cpu_replicas=2",
+    "--config.train.eval_batch_size=2000",
+]
+
+
+def launch(
+    config: str, workdir: Path, *flags: str, timeout: int = TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        f"--config={ROOT / 'configs' / config}",
+        f"--workdir={workdir}",
+        *flags,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_runs_a_few_steps(config: str, tmp_path: Path) -> None:
+    if (
+        config.startswith("fashion_mnist")
+        and not Path("/usr/share/datasets/fashion-mnist").is_dir()
+    ):
+        pytest.skip("needs Debian's dataset-fashion-mnist (no network here)")
+    result = launch(config, tmp_path, *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 3
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert (tmp_path / "tensorboard" / "train").is_dir() and (tmp_path / "checkpoints").is_dir()
+    assert "Final test accuracy" in result.stdout
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    flags = ["--config.train.checkpoint_every_steps=5", "--config.train.base_epochs=200"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        f"--config={ROOT / 'configs' / 'synthetic.py'}",
+        f"--workdir={tmp_path}",
+        *flags,
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + TIMEOUT_S
+        while not list((tmp_path / "checkpoints").glob("ckpt-*.index")):
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint in time"
+            time.sleep(0.2)
+        time.sleep(1.0)  # let it train on past the checkpoint
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    saved = sorted(
+        int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index")
+    )
+    result = launch(
+        "synthetic.py", tmp_path, *flags, "--config.train.max_steps=" + str(saved[-1] + 5)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resumed from {tmp_path / 'checkpoints' / f'ckpt-{saved[-1]}'}" in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["optimizer_steps"] == saved[-1] + 5
+
+
+def test_mistyped_field_fails_with_a_suggestion(tmp_path: Path) -> None:
+    result = launch("synthetic.py", tmp_path, "--config.policy.target_similarty=0.3", timeout=120)
+    assert result.returncode != 0
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: 'target_similarty' Did you mean \"target_similarity\"" in result.stderr
+
+
+def test_bad_value_fails_with_one_clear_line(tmp_path: Path) -> None:
+    result = launch("synthetic.py", tmp_path, "--config.policy.target_similarity=1.3", timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert (
+        "error: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3"
+        in result.stderr.splitlines()
+    )
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        (
+            "dataset",
+            "cifar10",
+            r"Config field `dataset` must be one of \('fashion_mnist', 'digits', 'synthetic'\). Received: dataset='cifar10'",
+        ),
+        (
+            "strategy",
+            "horovod",
+            r"Config field `strategy` must be one of .* Received: strategy='horovod'",
+        ),
+        (
+            "lr.rule",
+            "cubic",
+            r"Config field `lr.rule` must be one of \(.adascale., .sqrt., .linear., .none.\). Received: lr.rule=.cubic.",
+        ),
+        (
+            "lr.gain_power",
+            2.0,
+            r"Config `lr`: Argument `gain_power` must be in \(0, 1\]. Received: gain_power=2.0",
+        ),
+        (
+            "policy.min_batch_size",
+            4096,
+            r"Config `policy`: Argument `min_batch_size` must be <= `max_batch_size`",
+        ),
+        (
+            "policy.max_batch_size",
+            2000,
+            r"Config field `policy.max_batch_size` must be a multiple of num_cpu_replicas x micro_batch_size = 128 to be reachable. Received: policy.max_batch_size=2000",
+        ),
+        (
+            "base_batch_size",
+            0,
+            r"Config field `base_batch_size` must be >= 1. Received: base_batch_size=0",
+        ),
+        ("train.base_epochs", -1.0, r"Config field `train.base_epochs` must be > 0"),
+    ],
+)
+def test_validate_config_names_field_rule_and_value(field: str, value, match: str) -> None:
+    config = base.get_config()
+    parent, _, leaf = field.rpartition(".")
+    (config[parent] if parent else config)[leaf] = value
+    with pytest.raises(experiment.ConfigError, match=match):
+        experiment.validate_config(config)
+
+
+def test_missing_config_file_fails_with_one_clear_line(tmp_path: Path) -> None:
+    result = launch("no_such_config.py", tmp_path, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert any(
+        line.startswith("error: --config:") and "No such file" in line
+        for line in result.stderr.splitlines()
+    )
