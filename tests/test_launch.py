@@ -158,3 +158,24 @@ def test_missing_config_file_fails_with_one_clear_line(tmp_path: Path) -> None:
         line.startswith("error: --config:") and "No such file" in line
         for line in result.stderr.splitlines()
     )
+
+
+def test_local_multiworker_launcher_trains_digits_with_two_workers(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "multiworker.py"),
+        "--num_workers=2",
+        f"--timeout={TIMEOUT_S}",
+        "--",
+        f"--config={ROOT / 'configs' / 'digits.py'}",
+        f"--workdir={tmp_path}",
+        "--config.train.base_epochs=4",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 60, cwd=ROOT)
+    assert result.returncode == 0, (result.stderr + (tmp_path / "worker-1.log").read_text())[-3000:]
+    chief = json.loads((tmp_path / "metrics.json").read_text())
+    other = json.loads((tmp_path / "worker-1" / "metrics.json").read_text())
+    assert chief["replicas"] == 2
+    for key in ("test_accuracy", "test_loss", "optimizer_steps", "examples_seen", "progress"):
+        assert chief[key] == other[key]
+    assert chief["test_accuracy"] > 0.8

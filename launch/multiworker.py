@@ -1,0 +1,120 @@
+r"""Runs N workers of launch/train.py on this machine (127.0.0.1), for trying multi-worker.
+
+    python launch/multiworker.py --num_workers=2 --timeout=600 -- \
+        --config=configs/digits.py --workdir=workdir/digits_mw
+
+Each worker gets TF_CONFIG with the cluster (free loopback ports) and its index, and
+`--config.strategy=multi_worker`; worker i writes its log to WORKDIR/worker-i.log (worker
+0 also to this terminal). All workers are stopped if one fails or the timeout passes;
+the exit code is the first failing worker's. Every worker writes checkpoints and
+TensorBoard logs into its own folder: WORKDIR for worker 0, WORKDIR/worker-i otherwise
+(MultiWorkerMirroredStrategy needs every worker to save).
+
+On a real cluster, set TF_CONFIG on each machine yourself, e.g. for worker 1 of 2:
+
+    TF_CONFIG='{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 1}}' \
+        python launch/train.py --config=configs/fashion_mnist.py --workdir=/shared/run --config.strategy=multi_worker
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", 2, "Worker processes to start.", lower_bound=1)
+_TIMEOUT = flags.DEFINE_integer(
+    "timeout", 1800, "Seconds before every worker is stopped.", lower_bound=1
+)
+
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports on 127.0.0.1."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def worker_workdir(workdir: str, index: int) -> str:
+    return workdir if index == 0 else os.path.join(workdir, f"worker-{index}")
+
+
+def launch(train_args: list[str], num_workers: int, timeout: float) -> int:
+    """Starts the workers, waits for all, stops all on the first failure; returns the exit code."""
+    workdir = next((a.split("=", 1)[1] for a in train_args if a.startswith("--workdir=")), None)
+    if workdir is None:
+        print("error: pass --workdir=... after `--`", file=sys.stderr)
+        return 2
+    os.makedirs(workdir, exist_ok=True)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(num_workers)]}
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for index in range(num_workers):
+            env = dict(
+                os.environ,
+                TF_CONFIG=json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                ),
+            )
+            args = [
+                a
+                if not a.startswith("--workdir=")
+                else f"--workdir={worker_workdir(workdir, index)}"
+                for a in train_args
+            ]
+            log = open(os.path.join(workdir, f"worker-{index}.log"), "w")  # noqa: SIM115 - closed below
+            logs.append(log)
+            out = None if index == 0 else log
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, TRAIN, *args, "--config.strategy=multi_worker"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                print(
+                    f"error: a worker exited with {failed[0]}; stopping the others", file=sys.stderr
+                )
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            if time.monotonic() > deadline:
+                print(
+                    f"error: timeout after {timeout:.0f} s; stopping the workers", file=sys.stderr
+                )
+                return 124
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+
+
+def main(argv: list[str]) -> None:
+    sys.exit(launch(argv[1:], _NUM_WORKERS.value, _TIMEOUT.value))
+
+
+if __name__ == "__main__":
+    app.run(main)
