@@ -3,12 +3,14 @@
 The public API, in one place:
 
 >>> import tf_adabatch
->>> sorted(tf_adabatch.__all__)[:3]
-['AdaptiveEngine', 'AdaptiveLearningRate', 'AdaptiveState']
+>>> "Trainer" in tf_adabatch.__all__ and "attach" in tf_adabatch.__all__
+True
 """
 
 from tf_adabatch import stats
+from tf_adabatch.callbacks import AdaBatchTensorBoard
 from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.fit import attach
 from tf_adabatch.policies import (
     BatchPolicy,
     NoiseScalePolicy,
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LR_RULES",
+    "AdaBatchTensorBoard",
     "AdaptiveEngine",
     "AdaptiveLearningRate",
     "AdaptiveState",
@@ -35,5 +38,6 @@ __all__ = [
     "StaticPolicy",
     "StepStats",
     "Trainer",
+    "attach",
     "stats",
 ]

@@ -1,0 +1,64 @@
+"""Keras callbacks for `model.fit` with the adaptive engine (see `tf_adabatch.attach`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_adabatch import summaries
+
+__all__ = ["AdaBatchTensorBoard"]
+
+
+class AdaBatchTensorBoard(keras.callbacks.Callback):
+    """Writes the adaptive step's TensorBoard scalars from `model.fit`.
+
+    The same tags as `Trainer.fit(summary_dir=...)` (`tf_adabatch.summaries`): every
+    optimizer step `adabatch/*` and `train/loss` with the optimizer step as x-axis, the
+    custom-scalars layout once, and at each epoch end `eval/<metric>` for Keras's
+    `val_<metric>` logs. Use it with a model prepared by `tf_adabatch.attach`.
+
+    Args:
+      log_dir: the run's log directory (created if needed).
+
+    Example:
+
+    >>> import tempfile
+    >>> callback = AdaBatchTensorBoard(tempfile.mkdtemp())
+    >>> callback.on_train_begin()
+    >>> callback.on_train_batch_end(0, {"loss": 0.3, "gain": 1.5, "step": 1.0})
+    >>> callback.on_train_end()
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__()
+        self.log_dir = log_dir
+        self._writer: tf.summary.SummaryWriter | None = None
+        self._step = 0
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+            summaries.write_layout(self._writer)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not logs or self._writer is None:
+            return
+        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in logs.items()}
+        self._step = int(values.get("step", self._step + 1))
+        summaries.write_step(self._writer, self._step, values)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=self._step):
+            for name, value in (logs or {}).items():
+                if name.startswith("val_"):
+                    tf.summary.scalar(summaries.eval_tag(name[4:]), float(value))
+        self._writer.flush()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.flush()

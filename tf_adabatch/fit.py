@@ -1,0 +1,139 @@
+"""`attach`: the adaptive engine behind `model.fit`.
+
+A user keeps `model.compile(...)` and `model.fit(...)`; `attach` replaces the model's
+train function with the engine's step (the same one `tf_adabatch.Trainer` runs). One
+call of the train function is one optimizer step: it consumes k micro-batches per
+replica, so a Keras "step" (progress bar, `on_train_batch_end`) is an optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.policies import BatchPolicy
+
+__all__ = ["attach"]
+
+
+def attach(
+    model: keras.Model,
+    *,
+    micro_batch_size: int,
+    base_batch_size: int | None = None,
+    policy: BatchPolicy | None = None,
+    similarity: str = "exact",
+    ema_decay: float | None = None,
+    jit_compile: bool = False,
+) -> AdaptiveEngine:
+    """Makes `model.fit` train with an adaptive batch size and the AdaScale statistics.
+
+    Call it after `model.compile(optimizer, loss, ...)` with the model and optimizer
+    created in the strategy's scope. Feed `fit` a dataset batched with the *global
+    micro-batch* (replicas x `micro_batch_size`, `drop_remainder=True`), repeated, with
+    `steps_per_epoch` in optimizer steps. The train logs (progress bar, callbacks, the
+    returned History) are the engine's: loss, batch_size, gain, similarity,
+    learning_rate, progress, ... Compiled metrics are not updated during training
+    (`evaluate` and validation still compute them).
+
+    Args:
+      model: a compiled, built Keras model with a single loss.
+      micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile:
+        as for `tf_adabatch.Trainer`.
+
+    Returns:
+      The engine (its `state` holds the adaptive state: checkpoint it with the model,
+      e.g. `tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+      adabatch=engine.state, policy=engine.policy)`).
+
+    Raises:
+      ValueError: if the model is not compiled, has several losses, or uses
+        `steps_per_execution > 1` (one call of the train function is one optimizer
+        step of a variable number of micro-batches).
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    >>> engine = attach(model, micro_batch_size=8, policy=tf_adabatch.StaticPolicy(16),
+    ...                 similarity="estimated")
+    >>> x = np.random.default_rng(0).normal(size=(256, 3)).astype("float32")
+    >>> data = tf.data.Dataset.from_tensor_slices((x, x.sum(1))).repeat().batch(8, drop_remainder=True)
+    >>> history = model.fit(data, epochs=1, steps_per_epoch=5, verbose=0)
+    >>> history.history["batch_size"], int(engine.state.steps)
+    ([16.0], 5)
+    """
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ValueError(
+            "Argument `model` must be compiled first: call `model.compile(optimizer=..., loss=...)`."
+        )
+    loss = model.loss
+    if isinstance(loss, (list, tuple, dict)):
+        raise ValueError(
+            "Argument `model` must be compiled with a single loss; tf_adabatch does not "
+            f"support several outputs' losses yet. Received: loss={loss!r}"
+        )
+    if model.steps_per_execution != 1:
+        raise ValueError(
+            "`steps_per_execution` must be 1 with tf_adabatch: one call of the train "
+            "function is one optimizer step of a variable number of micro-batches. "
+            f"Received: steps_per_execution={model.steps_per_execution}"
+        )
+    strategy = model.distribute_strategy
+    engine = AdaptiveEngine(
+        model,
+        loss=loss,
+        optimizer=model.optimizer,
+        micro_batch_size=micro_batch_size,
+        base_batch_size=base_batch_size,
+        policy=policy,
+        similarity=similarity,
+        ema_decay=ema_decay,
+        jit_compile=jit_compile,
+        strategy=strategy,
+    )
+
+    def train_function(iterator: Any) -> dict[str, tf.Tensor]:
+        return engine.train_step(iterator)
+
+    def make_train_function(force: bool = False) -> Any:
+        model.train_function = train_function
+        return train_function
+
+    model.make_train_function = make_train_function
+    model.train_function = train_function
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        _patch_symbolic_build(model, strategy)
+    model._adabatch_engine = engine  # keep it alive and findable from the model
+    return engine
+
+
+def _patch_symbolic_build(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Works around keras-team/keras#20585 under MultiWorkerMirroredStrategy.
+
+    `fit` builds the model symbolically from the first batch, which Keras reduces with
+    `strategy.reduce("MEAN", ...)`; under MultiWorkerMirroredStrategy that fails. Any
+    replica's batch has the right structure and shapes, so take the first local one.
+    Pinned by tests/test_keras_private.py.
+    """
+
+    def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> None:
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tf.nest.map_structure(
+                    lambda v: (
+                        strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues)
+                        else v
+                    ),
+                    batch,
+                )
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = maybe_symbolic_build
