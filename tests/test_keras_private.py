@@ -112,3 +112,18 @@ def test_optimizer_keeps_its_schedule_in_learning_rate_attribute() -> None:
     assert optimizer._learning_rate is schedule
     wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(schedule))
     assert wrapped.inner_optimizer._learning_rate is schedule
+
+
+def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
+    """`tf_adabatch.fit._patch_symbolic_build` replaces `_maybe_symbolic_build` under
+    MultiWorkerMirroredStrategy (keras-team/keras#20585) and calls `_symbolic_build`."""
+    import inspect
+
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    params = list(inspect.signature(TensorFlowTrainer._maybe_symbolic_build).parameters)
+    assert params == ["self", "iterator", "data_batch"]
+    assert "data_batch" in inspect.signature(TensorFlowTrainer._symbolic_build).parameters
+    source = inspect.getsource(TensorFlowTrainer.fit)
+    assert "self._maybe_symbolic_build(iterator=epoch_iterator)" in source
+    assert "self.make_train_function()" in source and "self.train_function(iterator)" in source

@@ -35,7 +35,9 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def run_workers(tmp_path: Path, num_workers: int = 2) -> list[dict[str, np.ndarray]]:
+def run_workers(
+    tmp_path: Path, num_workers: int = 2, mode: str = "loop"
+) -> list[dict[str, np.ndarray]]:
     ports = free_ports(num_workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
@@ -57,6 +59,7 @@ def run_workers(tmp_path: Path, num_workers: int = 2) -> list[dict[str, np.ndarr
                             str(HERE / "multiworker_worker.py"),
                             str(tmp_path / f"w{index}.npz"),
                             str(STEPS),
+                            mode,
                         ],
                         env=env,
                         stdout=log,
@@ -107,3 +110,11 @@ def test_two_workers_agree_and_match_two_mirrored_replicas(tmp_path: Path) -> No
     np.testing.assert_allclose(
         results[0]["similarity"], history["similarity"], rtol=1e-4, atol=1e-6
     )
+
+
+def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_path: Path) -> None:
+    results = run_workers(tmp_path, mode="fit")
+    assert "batch" in results[0]  # the fit path ran
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name])
+    assert np.isfinite(results[0]["gains"]).all()

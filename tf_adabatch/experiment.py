@@ -49,6 +49,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
     Raises:
       ConfigError: naming the first field that breaks its rule.
+
+    >>> from configs import base
+    >>> config = base.get_config()
+    >>> config.policy.target_similarity = 1.3
+    >>> validate_config(config)
+    Traceback (most recent call last):
+    ...
+    tf_adabatch.experiment.ConfigError: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3
     """
     c = config
     _require(c.dataset in pipeline.DATASETS, "dataset", f"be one of {pipeline.DATASETS}", c.dataset)
@@ -124,6 +132,12 @@ def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
     "mirrored" uses all local GPUs, or `num_cpu_replicas` logical CPU devices when
     there are none; "multi_worker" reads TF_CONFIG; "tpu" connects to the local TPU.
+
+    >>> from configs import base
+    >>> config = base.get_config()
+    >>> config.strategy = "one_device"
+    >>> make_strategy(config).num_replicas_in_sync
+    1
     """
     kind = config.strategy
     if kind == "tpu":
@@ -203,20 +217,32 @@ class _Checkpointing(keras.callbacks.Callback):
             self.manager.save(checkpoint_number=step)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) -> dict[str, Any]:
     """Trains `config` in `workdir`, resuming from its last checkpoint if there is one.
 
     Args:
       config: see `configs/base.py` for every field.
       workdir: output folder (created if needed).
+      verbose: 1 shows a progress bar and a closing line; 0 prints nothing.
 
     Returns:
       The final metrics, also written to `workdir/metrics.json`.
 
     Raises:
       ConfigError: for a config value that breaks a rule.
+
+    Example (two optimizer steps of the synthetic config on one device):
+
+    >>> import tempfile
+    >>> from configs import synthetic
+    >>> config = synthetic.get_config()
+    >>> config.strategy, config.train.max_steps = "one_device", 2
+    >>> metrics = run(config, tempfile.mkdtemp(), verbose=0)
+    >>> metrics["optimizer_steps"], metrics["examples_seen"] >= 2 * 32  # batch starts at 32
+    (2, True)
     """
     validate_config(config)
+    log = print if verbose else (lambda *args: None)
     start = time.time()
     strategy = make_strategy(config)
     (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
@@ -242,7 +268,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
     if manager.latest_checkpoint:
         trainer.checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        print(
+        log(
             f"Resumed from {manager.latest_checkpoint}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
         )
     samples = int(trainer.state.samples_seen.numpy())
@@ -280,7 +306,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         until_progress=float(base_steps),
         summary_dir=os.path.join(workdir, "tensorboard", "train"),
         callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
-        verbose=1,
+        verbose=verbose,
     )
     manager.save(checkpoint_number=int(trainer.state.steps + trainer.state.skipped_steps))
     result = trainer.evaluate(test, metrics=metrics_fns)
@@ -304,7 +330,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         for name, value in result.items():
             tf.summary.scalar(summaries.eval_tag(name), value)
     eval_writer.flush()
-    print(
+    log(
         f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {steps} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(workdir, 'metrics.json')}"
     )
     return metrics

@@ -28,6 +28,10 @@ __all__ = [
 class StepStats(NamedTuple):
     """What a policy sees after each optimizer step (float64 scalar tensors).
 
+    >>> stats = StepStats.make(similarity=0.4, noise_scale=250.0)
+    >>> float(stats.noise_scale), int(stats.step)
+    (250.0, 1)
+
     Attributes:
       similarity: the groups' cosine similarity of this step (exact mode) or the
         estimate from the smoothed moments (estimated mode); may be NaN.
@@ -73,6 +77,18 @@ class BatchPolicy(tf.Module, abc.ABC):
     the strategy scope; the variables are checkpointed with the policy) and never call
     host-side Python per step. After `build`, `batch_unit` is replicas x micro-batch,
     the step in which the batch size can change.
+
+    Example (double the batch every 100 steps of progress, up to 1024):
+
+    >>> class Doubling(BatchPolicy):
+    ...     initial_batch_size = 64
+    ...     def next_batch_size(self, batch_size, stats):
+    ...         grow = tf.math.floormod(stats.step, 100) == 0
+    ...         return tf.minimum(tf.where(grow, 2 * batch_size, batch_size), 1024)
+    >>> policy = Doubling()
+    >>> policy.build(batch_unit=32)
+    >>> int(policy.next_batch_size(tf.constant(64, tf.int64), StepStats.make(step=100)))
+    128
     """
 
     batch_unit: int = 1

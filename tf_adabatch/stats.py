@@ -44,6 +44,9 @@ class NoiseMoments(NamedTuple):
     Attributes:
       grad_sqr: estimate of |G|^2, the squared norm of the true gradient.
       trace_sigma: estimate of tr(Sigma), the per-example gradient variance.
+
+    >>> NoiseMoments(grad_sqr=4.0, trace_sigma=68.0).trace_sigma
+    68.0
     """
 
     grad_sqr: tf.Tensor

@@ -103,7 +103,11 @@ def layout() -> object:
 
 
 def write_layout(writer: tf.summary.SummaryWriter) -> None:
-    """Writes the custom-scalars layout once into a run's log directory."""
+    """Writes the custom-scalars layout once into a run's log directory.
+
+    >>> import tempfile
+    >>> write_layout(tf.summary.create_file_writer(tempfile.mkdtemp()))
+    """
     from tensorboard.plugins.custom_scalar import summary as custom_scalar
 
     with writer.as_default():
