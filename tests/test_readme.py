@@ -33,6 +33,10 @@ def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one() ->
 def test_python_examples_run(index: int, capsys) -> None:
     namespace: dict = {}
     exec(compile(python_blocks()[index], f"README.md[python {index}]", "exec"), namespace)
+    engine = namespace.get("engine")
+    if engine is not None:  # the model.fit quick start: 2 epochs of 50 optimizer steps
+        assert int(engine.state.steps.numpy()) == 100
+        assert max(namespace["history"].history["batch_size"]) > 32
     trainer = namespace.get("trainer")
     if trainer is not None:  # the quick start: the budget was reached with a grown batch
         assert trainer.progress >= 400
