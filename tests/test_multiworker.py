@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 import tf_adabatch
+from launch.multiworker import free_ports
 
 from conftest import get_strategy
 from helpers import global_micro_batches, mlp, regression_data, weights
@@ -22,17 +22,6 @@ HERE = Path(__file__).resolve().parent
 STEPS = 4
 M = 4
 TIMEOUT_S = 240
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def run_workers(

@@ -370,7 +370,12 @@ class AdaptiveEngine:
         ctx = tf.distribute.get_replica_context()
         local = [a.read_value() for a in self._acc]
         out: dict[str, tf.Tensor] = {}
+        total_sq = None
         if self.similarity_mode == "exact":
+            # One stacked all-reduce of [A + B, A - B] (A, B: this replica's part of the
+            # two groups' sums) yields the total T = sum_A + sum_B that is applied and
+            # the difference D = sum_A - sum_B; the three inner products of the groups
+            # follow from |T|^2, |D|^2 and T.D (and |T|^2 is needed anyway).
             if self._two_slots:
                 # With k = 1 a replica writes only its own slot (r mod 2); the other one
                 # holds an earlier step's values.
@@ -378,29 +383,26 @@ class AdaptiveEngine:
                 replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
                 even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
                 odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
-                parts = [
-                    tf.stack(
-                        [
-                            tf.where(even_ok, a, tf.zeros_like(a)),
-                            tf.where(odd_ok, b.read_value(), tf.zeros_like(a)),
-                        ]
-                    )
-                    for a, b in zip(local, self._acc_odd, strict=True)
-                ]
+                parts = []
+                for a, b in zip(local, self._acc_odd, strict=True):
+                    even = tf.where(even_ok, a, tf.zeros_like(a))
+                    odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
+                    parts.append(tf.stack([even + odd, even - odd]))
             else:
                 odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
                 parts = [
-                    tf.where(odd, tf.stack([tf.zeros_like(a), a]), tf.stack([a, tf.zeros_like(a)]))
-                    for a in local
+                    tf.stack([a, a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype)]) for a in local
                 ]
             stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
-            sum_a = [p[0] for p in stacked]
-            sum_b = [p[1] for p in stacked]
-            total = [a + b for a, b in zip(sum_a, sum_b, strict=True)]
+            total = [p[0] for p in stacked]
+            diff = [p[1] for p in stacked]
+            total_sq = S.sum_of_squares(total)
+            diff_sq = S.sum_of_squares(diff)
+            cross = S.dot(total, diff)
             # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
-            out["dot_ab"] = S.dot(sum_a, sum_b)
-            out["sq_a"] = S.sum_of_squares(sum_a)
-            out["sq_b"] = S.sum_of_squares(sum_b)
+            out["dot_ab"] = (total_sq - diff_sq) / 4.0
+            out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0
+            out["sq_b"] = (total_sq - 2.0 * cross + diff_sq) / 4.0
         else:
             total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
         scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
@@ -409,7 +411,10 @@ class AdaptiveEngine:
         out["num_micro"] = n
         out["mean_sq"] = scalars[0] / n
         out["loss"] = scalars[1] / n
-        out["grad_mean_sq"] = S.sum_of_squares(gbar)
+        if total_sq is None:
+            out["grad_mean_sq"] = S.sum_of_squares(gbar)
+        else:
+            out["grad_mean_sq"] = total_sq / tf.square(tf.cast(n, _F64))
         if self._differenced:
             out["dot_prev"] = S.dot(gbar, [p.read_value() for p in self._prev])
             out["diff_sq"] = S.sum_of_squares(

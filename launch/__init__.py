@@ -1,0 +1,1 @@
+"""Launch scripts (run them as files: `python launch/train.py ...`)."""
