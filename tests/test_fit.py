@@ -162,3 +162,38 @@ def test_noise_grows_as_training_converges_batch_and_gain_rise() -> None:
     assert gain[:10].mean() < 1.6  # warm-up emerges: gain ~ 1 while |G|^2 dominates
     assert gain[-20:].mean() > 15 and gain[-20:].mean() > 0.25 * (batch[-20:] / 16).mean()
     assert np.mean(h["loss"][-20:]) < 0.01 * np.mean(h["loss"][:10])
+
+
+def test_progress_budget_stops_fit_at_the_budget() -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        lr = tf_adabatch.AdaptiveLearningRate(0.05, "linear")
+        model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    engine = tf_adabatch.attach(
+        model, micro_batch_size=M, base_batch_size=8, policy=tf_adabatch.StaticPolicy(32)
+    )
+    x, y = regression_data(1024)
+    history = model.fit(
+        global_micro_batches(x, y, 8).repeat(),
+        epochs=1,
+        steps_per_epoch=50,
+        verbose=0,
+        callbacks=[tf_adabatch.ProgressBudget(10)],
+    )
+    # "linear": tau += S = 32 / 8 = 4 per step: 4, 8, 12 -> stops after the third step.
+    assert int(engine.state.steps.numpy()) == 3
+    assert history.history["progress"] == [12.0]
+
+
+def test_weights_only_saves_warn_that_the_adaptive_state_is_not_in_them(tmp_path) -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    tf_adabatch.attach(model, micro_batch_size=M)
+    with pytest.warns(
+        UserWarning, match=r"`model.save_weights` does not include the adaptive state"
+    ):
+        model.save_weights(str(tmp_path / "w.weights.h5"))
+    assert (tmp_path / "w.weights.h5").exists()

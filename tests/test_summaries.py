@@ -81,3 +81,25 @@ def test_until_progress_stops_at_the_budget() -> None:
     history = trainer.fit(global_micro_batches(x, y, 8).repeat(), until_progress=10.0, verbose=0)
     # "linear": tau grows by S = 32 / 8 = 4 per step: 4, 8, 12 -> three steps.
     assert history["progress"] == pytest.approx([4.0, 8.0, 12.0])
+
+
+def test_default_budget_is_the_base_schedules_length() -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        base = keras.optimizers.schedules.CosineDecay(0.05, decay_steps=18)
+        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(base, "linear"))
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=4,
+        base_batch_size=8,
+        policy=tf_adabatch.StaticPolicy(32),
+        strategy=strategy,
+    )
+    x, y = regression_data(512)
+    history = trainer.fit(global_micro_batches(x, y, 8).repeat(), verbose=0)
+    assert history["progress"] == pytest.approx(
+        [4.0, 8.0, 12.0, 16.0, 20.0]
+    )  # S = 4 per step, up to 18

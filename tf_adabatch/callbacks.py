@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
@@ -9,7 +10,7 @@ import tensorflow as tf
 
 from tf_adabatch import summaries
 
-__all__ = ["AdaBatchTensorBoard"]
+__all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 
 
 class AdaBatchTensorBoard(keras.callbacks.Callback):
@@ -62,3 +63,41 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._writer is not None:
             self._writer.flush()
+
+
+class ProgressBudget(keras.callbacks.Callback):
+    """Stops `model.fit` once the scale-invariant progress tau reaches a budget.
+
+    tau counts base-batch steps (AdaScale: tau += gain per optimizer step; the other
+    rules: += S), so the natural budget is the length of the base learning-rate
+    schedule. With a budget, give `fit` enough `epochs` x `steps_per_epoch`: the run
+    ends at the budget, usually well before.
+
+    Args:
+      base_steps: the budget, in base-batch steps.
+
+    Example:
+
+    >>> budget = ProgressBudget.from_epochs(10, num_examples=60000, base_batch_size=128)
+    >>> budget.base_steps
+    4688
+    """
+
+    def __init__(self, base_steps: float) -> None:
+        super().__init__()
+        if not base_steps > 0:
+            raise ValueError(
+                f"Argument `base_steps` must be > 0. Received: base_steps={base_steps!r}"
+            )
+        self.base_steps = base_steps
+
+    @classmethod
+    def from_epochs(
+        cls, epochs: float, *, num_examples: int, base_batch_size: int
+    ) -> ProgressBudget:
+        """The budget of `epochs` passes over `num_examples` at the base batch size."""
+        return cls(math.ceil(epochs * num_examples / base_batch_size))
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs and float(keras.ops.convert_to_numpy(logs["progress"])) >= self.base_steps:
+            self.model.stop_training = True

@@ -8,6 +8,7 @@ replica, so a Keras "step" (progress bar, `on_train_batch_end`) is an optimizer 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
@@ -107,8 +108,29 @@ def attach(
     model.train_function = train_function
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         _patch_symbolic_build(model, strategy)
+    _warn_on_weights_only_saves(model)
     model._adabatch_engine = engine  # keep it alive and findable from the model
     return engine
+
+
+_STATE_WARNING = (
+    "tf_adabatch: `model.{name}` does not include the adaptive state (batch size, gain, "
+    "progress, moving averages, policy); checkpoint it too, e.g. "
+    "tf.train.Checkpoint(model=model, optimizer=model.optimizer, "
+    "adabatch=engine.state, policy=engine.policy)."
+)
+
+
+def _warn_on_weights_only_saves(model: keras.Model) -> None:
+    """Keras saves do not see the engine's `tf.Variable`s: say so instead of losing them."""
+    for name in ("save_weights", "save"):
+        original = getattr(model, name)
+
+        def save(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            warnings.warn(_STATE_WARNING.format(name=_name), UserWarning, stacklevel=2)
+            return _original(*args, **kwargs)
+
+        setattr(model, name, save)
 
 
 def _patch_symbolic_build(model: keras.Model, strategy: tf.distribute.Strategy) -> None:

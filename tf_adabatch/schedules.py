@@ -92,6 +92,23 @@ class AdaptiveLearningRate(LearningRateSchedule):
         self._batch_unit = 1
         self._base_batch_size = 1
 
+    @property
+    def base_steps(self) -> int | None:
+        """The base schedule's length in base-batch steps, where Keras states it.
+
+        `CosineDecay` (warm-up included) and `PolynomialDecay`; None otherwise (a
+        constant, or a schedule without an end). The natural progress budget.
+
+        >>> AdaptiveLearningRate(keras.optimizers.schedules.CosineDecay(0.1, 1000)).base_steps
+        1000
+        """
+        schedules = keras.optimizers.schedules
+        if isinstance(self.base, schedules.CosineDecay):
+            return int(self.base.decay_steps + (self.base.warmup_steps or 0))
+        if isinstance(self.base, schedules.PolynomialDecay) and not self.base.cycle:
+            return int(self.base.decay_steps)
+        return None
+
     def bind(self, state: AdaptiveState, *, batch_unit: int, base_batch_size: int) -> None:
         """Reads gain, progress and batch from `state` from now on (called by the engine)."""
         self._state = state

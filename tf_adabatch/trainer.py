@@ -155,8 +155,9 @@ class Trainer:
             it outlasts the run whatever batch sizes the policy chooses.
           steps: optimizer steps to run (skipped non-finite steps count).
           until_progress: stop once the scale-invariant progress tau reaches this
-            budget, in base-batch steps (the length of the base learning-rate
-            schedule is the natural choice).
+            budget, in base-batch steps. Default (when `steps` is not given either):
+            the length of the base schedule of the optimizer's `AdaptiveLearningRate`
+            (`base_steps`), where it has one.
           summary_dir: if given, write TensorBoard summaries of every step there
             (tags in `tf_adabatch.summaries`). Nothing is written otherwise.
           callbacks: Keras callbacks; they get `on_train_begin/end` and
@@ -171,8 +172,15 @@ class Trainer:
         Raises:
           ValueError: if neither `steps` nor `until_progress` is given, or one is invalid.
         """
+        schedule = self.engine.lr_schedule
+        if steps is None and until_progress is None and schedule is not None:
+            until_progress = schedule.base_steps
         if steps is None and until_progress is None:
-            raise ValueError("Pass `steps`, `until_progress` or both. Received neither.")
+            raise ValueError(
+                "Pass `steps`, `until_progress` or both (the default budget is the length "
+                "of the base schedule of an `AdaptiveLearningRate`, and this optimizer's "
+                "learning rate has none). Received neither."
+            )
         if steps is not None and (
             isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
         ):
