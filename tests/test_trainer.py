@@ -246,3 +246,17 @@ def test_per_replica_dataset_function() -> None:
 
     history = trainer.fit(dataset_fn, steps=3, verbose=0)
     assert history["samples_seen"][-1] == 3 * 2 * M * 2
+
+
+def test_loss_scaling_is_refused_until_it_is_supported() -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(
+        ValueError,
+        match=r"Loss scaling .* is not supported by tf_adabatch yet.*Received: optimizer=LossScaleOptimizer",
+    ):
+        tf_adabatch.Trainer(
+            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
+        )

@@ -193,6 +193,17 @@ class AdaptiveEngine:
                 f"Argument `min_variance` must be >= 0. Received: min_variance={min_variance!r}"
             )
         self.min_variance = min_variance
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or getattr(
+            optimizer, "loss_scale_factor", None
+        ):
+            # The micro-step does not scale the loss, so the optimizer's unscaling
+            # would shrink every update; statistics would see scaled gradients.
+            raise ValueError(
+                "Loss scaling (`LossScaleOptimizer`, `loss_scale_factor`, the "
+                "`mixed_float16` policy in `compile`) is not supported by tf_adabatch "
+                "yet. Use float32 or `mixed_bfloat16`, which needs no loss scaling. "
+                f"Received: optimizer={type(optimizer).__name__}"
+            )
         if getattr(optimizer, "gradient_accumulation_steps", None):
             raise ValueError(
                 "The optimizer has `gradient_accumulation_steps="
