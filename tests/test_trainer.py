@@ -260,3 +260,31 @@ def test_loss_scaling_is_refused_until_it_is_supported() -> None:
         tf_adabatch.Trainer(
             model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
         )
+
+
+def test_evaluate_is_exact_with_an_uneven_last_batch() -> None:
+    """103 examples in batches of 16 over 2 replicas (the last batch has 7): loss and
+    accuracy equal the plain means computed with numpy."""
+    strategy = get_strategy(2)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        optimizer = keras.optimizers.SGD(0.1)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=optimizer,
+        micro_batch_size=M,
+        strategy=strategy,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(103, 6)).astype("float32")
+    y = rng.integers(0, 3, size=103)
+    result = trainer.evaluate(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
+        metrics={"accuracy": keras.metrics.sparse_categorical_accuracy},
+    )
+    logits = model(x).numpy().astype(np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    assert result["loss"] == pytest.approx(-log_probs[np.arange(103), y].mean(), rel=1e-5)
+    assert result["accuracy"] == pytest.approx((logits.argmax(1) == y).mean())

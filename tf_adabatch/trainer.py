@@ -99,7 +99,7 @@ class Trainer:
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._eval_fn: Any = None
-        self._eval_names: list[str] = []
+        self._eval_key: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------------ the loop
 
@@ -263,7 +263,8 @@ class Trainer:
         engine = self.engine
         strategy = engine.strategy
         fns = {"loss": engine._loss_fn, **(metrics or {})}
-        if self._eval_fn is None or self._eval_names != list(fns):
+        key = [(name, id(fn)) for name, fn in fns.items()]
+        if self._eval_fn is None or self._eval_key != key:
 
             def replica_step(data: Any) -> tf.Tensor:
                 x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
@@ -278,7 +279,7 @@ class Trainer:
                 per_replica = strategy.run(replica_step, args=(data,))
                 return strategy.experimental_local_results(per_replica)[0]
 
-            self._eval_fn, self._eval_names = eval_step, list(fns)
+            self._eval_fn, self._eval_key = eval_step, key
         if isinstance(dataset, tf.data.Dataset):
             dist = strategy.experimental_distribute_dataset(dataset)
         else:
