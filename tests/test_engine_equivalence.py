@@ -250,3 +250,32 @@ def test_regularizers_match_one_device() -> None:
     trainer = engine_run(make, ks, get_strategy(4), x, y, layer_kwargs=kwargs)
     assert trainer.engine.model.losses  # the regularizers are there
     assert_weights_close(weights(trainer.engine.model), reference_run(make, ks, 4, x, y, **kwargs))
+
+
+def test_a_run_of_non_finite_steps_stops_with_a_clear_error_and_keeps_the_last_good_state() -> None:
+    strategy = get_strategy(2)
+    x, y = regression_data(2 * M * 2 * 6)
+    x[2 * M * 2 :] = np.nan  # every step after the first
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = OPTIMIZERS["sgd_momentum"]()
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=M,
+        policy=tf_adabatch.StaticPolicy(2 * M * 2),
+        max_consecutive_skips=3,
+        strategy=strategy,
+    )
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, 2 * M)))
+    trainer.engine.train_step(iterator)
+    good = weights(model)
+    with pytest.raises(
+        tf_adabatch.engine.NonFiniteGradientsError,
+        match=r"3 optimizer steps in a row had non-finite gradients .* \(1 applied\)",
+    ):
+        trainer.fit(iterator, steps=5, verbose=0)
+    assert int(trainer.state.skipped_steps.numpy()) == 3
+    for a, b in zip(weights(model), good, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -77,6 +77,7 @@ def test_quiet_fit_prints_nothing_and_writes_nothing(tmp_path, capsys, monkeypat
             "skipped_steps",
             "applied",
             "step",
+            "consecutive_skips",
         ]
     )
     assert len(history["loss"]) == 3

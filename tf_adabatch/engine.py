@@ -30,7 +30,7 @@ from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
-__all__ = ["SIMILARITY_MODES", "AdaptiveEngine"]
+__all__ = ["SIMILARITY_MODES", "AdaptiveEngine", "NonFiniteGradientsError"]
 
 SIMILARITY_MODES = ("exact", "estimated")
 _F64 = tf.float64
@@ -71,6 +71,14 @@ class _AllReduceBypass:
             return original(grads_and_vars)
 
         return all_reduce_sum_gradients
+
+
+class NonFiniteGradientsError(RuntimeError):
+    """Too many optimizer steps in a row had non-finite gradients.
+
+    >>> issubclass(NonFiniteGradientsError, RuntimeError)
+    True
+    """
 
 
 def _optimizer_chain(optimizer: Any) -> list[Any]:
@@ -139,6 +147,8 @@ class AdaptiveEngine:
       min_variance: per-step floor of tr(Sigma)/B0 (fairscale's 1e-6).
       jit_compile: XLA-compile the replica functions (the micro-step always; the
         reduce and apply steps too on a single replica).
+      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
+        (non-finite) steps in a row; None never stops.
       strategy: defaults to the current `tf.distribute` strategy.
 
     Groups: micro-gradient i of replica r belongs to group A if (i*N + r) is even. With
@@ -169,9 +179,13 @@ class AdaptiveEngine:
         ema_decay: float | None = None,
         min_variance: float = 1e-6,
         jit_compile: bool = False,
+        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
+        if max_consecutive_skips is not None:
+            _check_positive_int("max_consecutive_skips", max_consecutive_skips)
+        self.max_consecutive_skips = max_consecutive_skips
         self.model = model
         self.optimizer = optimizer
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
@@ -307,9 +321,22 @@ class AdaptiveEngine:
           A dict of scalar tensors: loss, batch_size, accumulation_steps, gain,
           similarity, noise_scale, grad_sqr, grad_var, learning_rate, progress,
           samples_seen, skipped_steps, applied (1.0 or 0.0), step (optimizer steps
-          taken, skipped ones included).
+          taken, skipped ones included), consecutive_skips.
+
+        Raises:
+          NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
         """
-        return self._step_fn(iterator)
+        logs = self._step_fn(iterator)
+        limit = self.max_consecutive_skips
+        if limit is not None and int(self.state.consecutive_skips.numpy()) >= limit:
+            raise NonFiniteGradientsError(
+                f"{limit} optimizer steps in a row had non-finite gradients (NaN or inf) and "
+                "were skipped; stopping. Weights, optimizer and adaptive state are those of "
+                f"the last good step ({int(self.state.steps.numpy())} applied). Check the "
+                "data, the learning rate and the loss; raise `max_consecutive_skips` to "
+                "tolerate more."
+            )
+        return logs
 
     # ------------------------------------------------------------- replica context
 
@@ -543,6 +570,9 @@ class AdaptiveEngine:
         state.progress.assign_add(tf.where(finite, increment, 0.0))
         state.steps.assign_add(applied)
         state.skipped_steps.assign_add(1 - applied)
+        state.consecutive_skips.assign(
+            tf.where(finite, tf.zeros_like(applied), state.consecutive_skips + 1)
+        )
         state.samples_seen.assign_add(batch)
         stats = StepStats(
             similarity=logs["similarity"],
@@ -568,6 +598,7 @@ class AdaptiveEngine:
             "skipped_steps": tf.cast(state.skipped_steps, _F64),
             "applied": tf.cast(finite, _F64),
             "step": tf.cast(state.steps + state.skipped_steps, _F64),
+            "consecutive_skips": tf.cast(state.consecutive_skips, _F64),
         }
 
     # ---------------------------------------------------------------- validation

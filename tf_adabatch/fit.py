@@ -29,6 +29,7 @@ def attach(
     similarity: str = "exact",
     ema_decay: float | None = None,
     jit_compile: bool = False,
+    max_consecutive_skips: int | None = 100,
 ) -> AdaptiveEngine:
     """Makes `model.fit` train with an adaptive batch size and the AdaScale statistics.
 
@@ -42,8 +43,8 @@ def attach(
 
     Args:
       model: a compiled, built Keras model with a single loss.
-      micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile:
-        as for `tf_adabatch.Trainer`.
+      micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile,
+        max_consecutive_skips: as for `tf_adabatch.Trainer`.
 
     Returns:
       The engine (its `state` holds the adaptive state: checkpoint it with the model,
@@ -94,6 +95,7 @@ def attach(
         similarity=similarity,
         ema_decay=ema_decay,
         jit_compile=jit_compile,
+        max_consecutive_skips=max_consecutive_skips,
         strategy=strategy,
     )
 

@@ -29,6 +29,7 @@ class AdaptiveState(tf.Module):
       accumulation_steps: k, micro-steps per optimizer step (int64).
       steps: optimizer steps applied (int64).
       skipped_steps: optimizer steps skipped because a gradient was not finite (int64).
+      consecutive_skips: skipped steps since the last applied one (int64).
       samples_seen: examples consumed, including those of skipped steps (int64).
       gain: the AdaScale gain of the last step (float64; 1 before any statistics).
       progress: scale-invariant progress tau, in base-batch steps (float64).
@@ -51,6 +52,7 @@ class AdaptiveState(tf.Module):
             self.accumulation_steps = _scalar("accumulation_steps", accumulation_steps, tf.int64)
             self.steps = _scalar("steps", 0, tf.int64)
             self.skipped_steps = _scalar("skipped_steps", 0, tf.int64)
+            self.consecutive_skips = _scalar("consecutive_skips", 0, tf.int64)
             self.samples_seen = _scalar("samples_seen", 0, tf.int64)
             self.gain = _scalar("gain", 1.0, tf.float64)
             self.progress = _scalar("progress", 0.0, tf.float64)

@@ -44,6 +44,8 @@ class Trainer:
       similarity: "exact" or "estimated" (see `AdaptiveEngine`).
       ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
       jit_compile: XLA-compile the replica step.
+      max_consecutive_skips: stop with `NonFiniteGradientsError` after this many
+        skipped (non-finite) steps in a row; None never stops.
       strategy: defaults to the current strategy (`tf.distribute.get_strategy()`).
 
     Raises:
@@ -74,6 +76,7 @@ class Trainer:
         similarity: str = "exact",
         ema_decay: float | None = None,
         jit_compile: bool = False,
+        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         strategy = strategy or tf.distribute.get_strategy()
@@ -94,6 +97,7 @@ class Trainer:
             similarity=similarity,
             ema_decay=ema_decay,
             jit_compile=jit_compile,
+            max_consecutive_skips=max_consecutive_skips,
             strategy=strategy,
         )
         self._checkpoint: tf.train.Checkpoint | None = None
