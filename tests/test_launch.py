@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
 from configs import base
 from tf_adabatch import experiment
@@ -74,9 +75,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    saved = sorted(
-        int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index")
-    )
+    # The checkpoint the manager will restore (a kill can land between writing a
+    # checkpoint's files and recording it as the latest).
+    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert latest is not None
+    saved = [int(latest.rsplit("-", 1)[1])]
     result = launch(
         "synthetic.py", tmp_path, *flags, "--config.train.max_steps=" + str(saved[-1] + 5)
     )
