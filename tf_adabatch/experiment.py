@@ -284,22 +284,31 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     eval_writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard", "eval"))
     metrics_fns = {"accuracy": keras.metrics.sparse_categorical_accuracy}
     next_eval = [(math.floor(trainer.progress / eval_every) + 1) * eval_every]
+    evaluated: dict[str, Any] = {"step": None, "result": None}
+
+    def total_steps() -> int:
+        """Optimizer steps taken, skipped ones included: the x-axis of every summary."""
+        return int(trainer.state.steps.numpy() + trainer.state.skipped_steps.numpy())
+
+    def evaluate_now() -> dict[str, float]:
+        step = total_steps()
+        if evaluated["step"] != step:  # at most once per step (the last one is also final)
+            result = trainer.evaluate(test, metrics=metrics_fns)
+            with eval_writer.as_default(step=step):
+                for name, value in result.items():
+                    tf.summary.scalar(summaries.eval_tag(name), value)
+            eval_writer.flush()
+            evaluated.update(step=step, result=result)
+        return evaluated["result"]
 
     def evaluate(logs: dict[str, float]) -> None:
-        if logs and logs.get("progress", 0.0) < next_eval[0]:
-            return
-        next_eval[0] += eval_every
-        result = trainer.evaluate(test, metrics=metrics_fns)
-        with eval_writer.as_default(step=int(logs.get("step", trainer.state.steps.numpy()))):
-            for name, value in result.items():
-                tf.summary.scalar(summaries.eval_tag(name), value)
-        eval_writer.flush()
+        if logs and logs.get("progress", 0.0) >= next_eval[0]:
+            next_eval[0] += eval_every
+            evaluate_now()
 
     remaining = None
     if config.train.max_steps is not None:
-        remaining = max(
-            0, config.train.max_steps - int(trainer.state.steps + trainer.state.skipped_steps)
-        )
+        remaining = max(0, config.train.max_steps - total_steps())
     trainer.fit(
         iterator,
         steps=remaining,
@@ -308,8 +317,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
         verbose=verbose,
     )
-    manager.save(checkpoint_number=int(trainer.state.steps + trainer.state.skipped_steps))
-    result = trainer.evaluate(test, metrics=metrics_fns)
+    if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}"):
+        manager.save(checkpoint_number=total_steps())
+    result = evaluate_now()
     steps = int(trainer.state.steps.numpy())
     samples = int(trainer.state.samples_seen.numpy())
     metrics = {
@@ -326,10 +336,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     }
     with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
-    with eval_writer.as_default(step=steps):
-        for name, value in result.items():
-            tf.summary.scalar(summaries.eval_tag(name), value)
-    eval_writer.flush()
     log(
         f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {steps} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(workdir, 'metrics.json')}"
     )
