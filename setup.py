@@ -28,8 +28,11 @@ setup(
         "importlib_resources>=6",
     ],
     extras_require={
+        # launch/benchmark_efficiency.py draws its plots with matplotlib.
+        "bench": ["matplotlib>=3.7"],
         "test": [
             "pytest>=8",
+            "matplotlib>=3.7",  # the benchmark smoke test
             "hypothesis>=6.100",
             "scikit-learn>=1.3",
             # Exact versions: a formatter or checker upgrade must not fail CI by itself.

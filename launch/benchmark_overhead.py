@@ -1,13 +1,16 @@
 r"""Step-time overhead of tf_adabatch's statistics, measured side by side in one run.
 
-    python launch/benchmark_overhead.py --replicas=4 --micro_batch=32
+    python launch/benchmark_overhead.py --replicas=2,4 --models=small,cnn --micro_batch=32
 
-Variants, each on the same strategy, model architecture and data, one micro-step per
-optimizer step (k = 1, where any per-step overhead weighs most):
+For each replica count and model (~100k and ~1M parameters), four variants on the same
+strategy, model architecture and data, one micro-step per optimizer step (k = 1, where
+any per-step overhead weighs most):
   plain      a plain tf.distribute step: gradients -> optimizer.apply_gradients
              (Keras all-reduces inside), no statistics
   estimated  the AdaptiveEngine, estimated similarity (scalar statistics only)
   exact      the AdaptiveEngine, exact group similarity (stacked [A, B] all-reduce)
+  fit        stock Keras: the compiled `model.fit` step (`model.train_function`, what
+             `fit` calls once per batch), loss tracking included
 
 The variants run in interleaved rounds (plain, estimated, exact, plain, ...) so that a
 noisy, shared machine slows them alike; the script prints each variant's median step
@@ -25,9 +28,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("replicas", 4, "Logical CPU replicas (MirroredStrategy).")
+flags.DEFINE_list("replicas", ["2", "4"], "Logical CPU replica counts (MirroredStrategy).")
 flags.DEFINE_integer("micro_batch", 32, "Examples per replica per micro-step.")
-flags.DEFINE_enum("model", "cnn", ["cnn", "small"], "cnn: ~1M parameters; small: ~100k.")
+flags.DEFINE_list("models", ["small", "cnn"], "small: ~100k parameters; cnn: ~1M.")
 flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
 flags.DEFINE_integer("steps", 10, "Timed optimizer steps per variant per round.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per variant before the rounds.")
@@ -60,21 +63,16 @@ def build_model(kind: str):
     return keras.Sequential([keras.Input((28, 28, 1)), *body, layers.Dense(10)])
 
 
-def main(argv) -> None:
-    del argv
+def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
+    """Seconds per step of each variant, one entry per interleaved round."""
+    import keras
     import numpy as np
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.replicas
-    )
-    import keras
-
     import tf_adabatch
 
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(FLAGS.replicas)])
-    global_micro = FLAGS.replicas * FLAGS.micro_batch
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    global_micro = replicas * FLAGS.micro_batch
     rng = np.random.default_rng(0)
     x = rng.normal(size=(global_micro * 8, 28, 28, 1)).astype("float32")
     y = rng.integers(0, 10, size=(global_micro * 8,)).astype("int32")
@@ -88,11 +86,11 @@ def main(argv) -> None:
 
     steps = {}
     with strategy.scope():
-        model = build_model(FLAGS.model)
+        model = build_model(model_kind)
         optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
         optimizer.build(model.trainable_variables)
     print(
-        f"model: {FLAGS.model}, {model.count_params():,} parameters; {FLAGS.replicas} replicas x micro-batch {FLAGS.micro_batch}"
+        f"\nmodel: {model_kind}, {model.count_params():,} parameters; {replicas} replicas x micro-batch {FLAGS.micro_batch}"
     )
 
     def plain_replica_step(data):
@@ -116,7 +114,7 @@ def main(argv) -> None:
     steps["plain"] = (plain_step, iter(strategy.experimental_distribute_dataset(dataset)))
     for mode in ("estimated", "exact"):
         with strategy.scope():
-            m = build_model(FLAGS.model)
+            m = build_model(model_kind)
             opt = keras.optimizers.SGD(0.01, momentum=0.9)
         trainer = tf_adabatch.Trainer(
             m,
@@ -127,13 +125,23 @@ def main(argv) -> None:
             strategy=strategy,
         )
         steps[mode] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
+    with strategy.scope():
+        stock = build_model(model_kind)
+        stock.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
+        stock.optimizer.build(stock.trainable_variables)  # as `fit` does before its first step
+    # What `fit` runs per batch (steps_per_execution=1), on the same distributed input.
+    stock.make_train_function()
+    steps["fit"] = (
+        stock.train_function,
+        iter(strategy.experimental_distribute_dataset(dataset)),
+    )
 
     def timed(name: str, count: int) -> float:
         fn, iterator = steps[name]
         start = time.perf_counter()
         for _ in range(count):
             out = fn(iterator)
-        # Wait for the device: read a weight back (the step's last effect).
+        # Wait for the device: read a weight back (the step's last effect) or the loss.
         (model.trainable_variables[0] if name == "plain" else out["loss"]).numpy()
         return (time.perf_counter() - start) / count
 
@@ -146,7 +154,7 @@ def main(argv) -> None:
             per_round[name].append(timed(name, FLAGS.steps))
     base = statistics.median(per_round["plain"])
     print(
-        f"\n| variant | median ms/step | spread (min-max of {FLAGS.rounds} rounds) | ratio to plain |"
+        f"| variant | median ms/step | spread (min-max of {FLAGS.rounds} rounds) | ratio to plain |"
     )
     print("|---|---|---|---|")
     for name, times in per_round.items():
@@ -155,11 +163,41 @@ def main(argv) -> None:
             f"| {name} | {1e3 * med:.1f} | {1e3 * min(times):.1f}-{1e3 * max(times):.1f} | {med / base:.3f} |"
         )
     # Paired ratios: within each round, so drifts of the machine cancel.
-    for name in ("estimated", "exact"):
+    for name in ("estimated", "exact", "fit"):
         ratios = [t / p for t, p in zip(per_round[name], per_round["plain"], strict=True)]
         print(
             f"{name}/plain paired per round: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
         )
+    return per_round
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    import tensorflow as tf
+
+    counts = [int(r) for r in FLAGS.replicas]
+    unknown = sorted(set(FLAGS.models) - {"small", "cnn"})
+    if unknown or min(counts) < 1:
+        raise app.UsageError(
+            f"--models must be among small, cnn and --replicas >= 1. Received: {FLAGS.models}, {counts}"
+        )
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * max(counts)
+    )
+    summary = []
+    for replicas in counts:
+        for kind in FLAGS.models:
+            per_round = measure(replicas, kind)
+            base = statistics.median(per_round["plain"])
+            summary.append(
+                (replicas, kind, *(statistics.median(per_round[n]) / base for n in per_round))
+            )
+    print("\n| replicas | model | estimated / plain | exact / plain | fit / plain |")
+    print("|---|---|---|---|---|")
+    for replicas, kind, _, est, exact, fit in summary:
+        print(f"| {replicas} | {kind} | {est:.3f} | {exact:.3f} | {fit:.3f} |")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
 import tf_adabatch
 from tf_adabatch import summaries
@@ -20,12 +19,7 @@ def read_scalars(logdir: str) -> tuple[dict[str, list[tuple[int, float]]], set[s
     acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.TENSORS: 0})
     acc.Reload()
     layout_tags = set(acc.PluginTagToContent("custom_scalars"))
-    out = {
-        tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
-        for tag in acc.Tags()["tensors"]
-        if tag not in layout_tags
-    }
-    return out, layout_tags
+    return summaries.read_scalars(logdir), layout_tags
 
 
 def test_every_tag_is_written_with_the_reported_values(tmp_path) -> None:

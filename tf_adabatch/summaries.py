@@ -17,6 +17,7 @@ __all__ = [
     "TRAIN_LOSS",
     "eval_tag",
     "layout",
+    "read_scalars",
     "write_layout",
     "write_step",
 ]
@@ -112,3 +113,40 @@ def write_layout(writer: tf.summary.SummaryWriter) -> None:
 
     with writer.as_default():
         tf.summary.experimental.write_raw_pb(custom_scalar.pb(layout()).SerializeToString(), step=0)
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in a run's log directory, by tag, as sorted (step, value) pairs.
+
+    Read with TensorBoard's own reader. A run that was resumed writes some steps twice
+    (the steps after its last checkpoint); the value written last wins, so the series
+    is the trajectory the resumed run actually followed.
+
+    >>> import tempfile
+    >>> logdir = tempfile.mkdtemp()
+    >>> writer = tf.summary.create_file_writer(logdir)
+    >>> write_step(writer, 1, {"loss": 0.5, "gain": 1.2})
+    >>> writer.flush()
+    >>> read_scalars(logdir)["adabatch/gain"]
+    [(1, 1.2000000476837158)]
+    """
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    acc = event_accumulator.EventAccumulator(
+        logdir, size_guidance={event_accumulator.TENSORS: 0}, purge_orphaned_data=False
+    )
+    acc.Reload()
+    try:
+        layout_tags = set(acc.PluginTagToContent("custom_scalars"))
+    except KeyError:  # no layout in this directory (e.g. an eval run)
+        layout_tags = set()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        if tag in layout_tags:
+            continue
+        by_step = {
+            e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)
+        }
+        out[tag] = sorted(by_step.items())
+    return out

@@ -1,0 +1,306 @@
+r"""Statistical efficiency on Fashion-MNIST: five ways to train, several seeds, one command.
+
+    python launch/benchmark_efficiency.py --outdir=workdir/benchmark_efficiency
+
+Every run is `launch/train.py` on the CNN config with 4 logical CPU replicas and the
+same base schedule (SGD + momentum 0.9, B0 = 128, learning rate 0.05, cosine over
+`--base_epochs` epochs at B0); only the batch-size policy and the learning-rate rule
+change:
+
+  baseline           static batch B0, the base schedule as tuned
+  linear_16x         static batch 16 B0, learning rate x16 with linear warm-up
+                     (over the first `--warmup_fraction` of the budget; Goyal et al.)
+  adascale_16x       static batch 16 B0, AdaScale gain, schedule on progress tau
+  simigrad_adascale  SimiGrad controls the batch in [B0, 16 B0], AdaScale (the default)
+  simigrad_sqrt      SimiGrad controls the batch, learning rate x sqrt(S) (the reference)
+
+The runs are sequential subprocesses, each with a time limit. A run that already wrote
+its `metrics.json` is not rerun, so an interrupted benchmark continues where it stopped
+(and an interrupted run resumes from its checkpoint). At the end the script writes to
+`--outdir`: `results.json` (every run's metrics and curves), `results.md` (the table and
+the targets), `accuracy.png` and `adaptation.png`.
+
+`--config` and `--override` choose another task (the test suite runs a tiny version on
+scikit-learn's digits so that this script cannot rot).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# name -> (batch-size policy, learning-rate rule, static batch in units of B0 or None).
+VARIANTS: dict[str, tuple[str, str, str | None]] = {
+    "baseline": ("static", "none", "1"),
+    "linear_16x": ("static", "linear", "S"),
+    "adascale_16x": ("static", "adascale", "S"),
+    "simigrad_adascale": ("simigrad", "adascale", None),
+    "simigrad_sqrt": ("simigrad", "sqrt", None),
+}
+ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("outdir", "workdir/benchmark_efficiency", "Where runs and results go.")
+flags.DEFINE_string("config", str(ROOT / "configs" / "fashion_mnist.py"), "Base config file.")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; each variant runs once per seed.")
+flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
+flags.DEFINE_float("base_epochs", 3.0, "Budget: epochs at the base batch (all variants).")
+flags.DEFINE_float("eval_every_base_epochs", 0.5, "Evaluation interval (for the curves).")
+flags.DEFINE_float("warmup_fraction", 0.2, "linear_16x: warm-up share of the budget.")
+flags.DEFINE_integer("scale", 16, "S of the static large-batch variants and SimiGrad's cap.")
+flags.DEFINE_list("override", [], "Extra config overrides, e.g. num_cpu_replicas=2.")
+flags.DEFINE_integer("timeout_per_run", 1800, "Seconds before a run is stopped (and failed).")
+
+
+def _flags_for(variant: str, seed: int, b0: int) -> list[str]:
+    """The train.py overrides of one run."""
+    kind, rule, static = VARIANTS[variant]
+    values: dict[str, Any] = {
+        "seed": seed,
+        "train.base_epochs": FLAGS.base_epochs,
+        "train.eval_every_base_epochs": FLAGS.eval_every_base_epochs,
+        "policy.kind": kind,
+        "lr.rule": rule,
+        # SimiGrad starts at B0 and may grow to S B0; static runs hold their batch.
+        "policy.initial_batch_size": b0 * {None: 1, "1": 1, "S": FLAGS.scale}[static],
+        "policy.min_batch_size": b0,
+        "policy.max_batch_size": FLAGS.scale * b0,
+        "lr.warmup_base_epochs": (
+            FLAGS.warmup_fraction * FLAGS.base_epochs if rule == "linear" else 0.0
+        ),
+    }
+    out = [f"--config.{key}={value}" for key, value in values.items()]
+    return out + [f"--config.{item}" for item in FLAGS.override]
+
+
+def _load_config(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("benchmark_base_config", path)
+    if spec is None or spec.loader is None:
+        raise app.UsageError(f"--config must be a Python config file. Received: {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
+    workdir = Path(FLAGS.outdir) / variant / f"seed{seed}"
+    metrics_path = workdir / "metrics.json"
+    if not metrics_path.exists():
+        cmd = [
+            sys.executable,
+            str(ROOT / "launch" / "train.py"),
+            f"--config={FLAGS.config}",
+            f"--workdir={workdir}",
+            *_flags_for(variant, seed, b0),
+        ]
+        workdir.mkdir(parents=True, exist_ok=True)
+        start = time.time()
+        with open(workdir / "log.txt", "a", encoding="utf-8") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            try:
+                code = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=FLAGS.timeout_per_run
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        if code != 0 or not metrics_path.exists():
+            raise RuntimeError(
+                f"{variant} seed {seed} failed ({code}) after {time.time() - start:.0f} s; "
+                f"see {workdir / 'log.txt'}"
+            )
+    from tf_adabatch import summaries
+
+    metrics = json.loads(metrics_path.read_text())
+    train = summaries.read_scalars(str(workdir / "tensorboard" / "train"))
+    evals = summaries.read_scalars(str(workdir / "tensorboard" / "eval"))
+    # Examples at each step, from the per-step batch sizes (skipped steps consume data too).
+    examples, total = {}, 0.0
+    for step, batch in train.get("adabatch/batch_size", []):
+        total += batch
+        examples[step] = total
+    curves = {tag: train.get(f"adabatch/{tag}", []) for tag in ADAPTATION_TAGS}
+    curves["accuracy"] = evals.get("eval/accuracy", [])
+    curves["accuracy_examples"] = [
+        (examples.get(step, math.nan), value) for step, value in curves["accuracy"]
+    ]
+    return {"variant": variant, "seed": seed, "metrics": metrics, "curves": curves}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per-variant means and standard deviations, and the targets' verdicts."""
+    rows = []
+    for variant in VARIANTS:
+        mine = [r["metrics"] for r in runs if r["variant"] == variant]
+        if not mine:
+            continue
+        row: dict[str, Any] = {"variant": variant, "runs": len(mine)}
+        for key in (
+            "test_accuracy",
+            "optimizer_steps",
+            "examples_seen",
+            "average_batch_size",
+            "wall_time_s",
+        ):
+            row[key] = _mean_std([float(m[key]) for m in mine])
+        rows.append(row)
+    by = {row["variant"]: row for row in rows}
+    verdicts = []
+    base = by.get("baseline")
+    if base:
+        acc0, steps0 = base["test_accuracy"][0], base["optimizer_steps"][0]
+        for variant, quarter in (("simigrad_adascale", True), ("adascale_16x", False)):
+            if variant not in by:
+                continue
+            gap = 100 * (acc0 - by[variant]["test_accuracy"][0])
+            ok = gap <= 0.5
+            text = (
+                f"{variant}: {gap:+.2f} points below the baseline's mean accuracy (target <= 0.5)"
+            )
+            if quarter:
+                ratio = by[variant]["optimizer_steps"][0] / steps0
+                ok = ok and ratio <= 0.25
+                text += f", {ratio:.3f} of its optimizer steps (target <= 0.25)"
+            verdicts.append(f"{'MET' if ok else 'NOT MET'}: {text}")
+    return rows, verdicts
+
+
+def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:
+    lines = [
+        "| variant | runs | test accuracy (%) | optimizer steps | examples | average batch "
+        "| wall time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        acc, steps, ex, batch, wall = (
+            row[k]
+            for k in (
+                "test_accuracy",
+                "optimizer_steps",
+                "examples_seen",
+                "average_batch_size",
+                "wall_time_s",
+            )
+        )
+        lines.append(
+            f"| {row['variant']} | {row['runs']} | {100 * acc[0]:.2f} ± {100 * acc[1]:.2f} "
+            f"| {steps[0]:.0f} ± {steps[1]:.0f} | {ex[0] / 1e6:.3f}M ± {ex[1] / 1e6:.3f}M "
+            f"| {batch[0]:.0f} ± {batch[1]:.0f} | {wall[0]:.0f} ± {wall[1]:.0f} |"
+        )
+    return "\n".join(lines + [""] + [f"- {v}" for v in verdicts]) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
+    """accuracy.png (against steps and examples) and adaptation.png (adaptive runs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = dict(zip(VARIANTS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+
+    def draw(ax: Any, points: list[tuple[float, float]], variant: str, first: bool) -> None:
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, color=colors[variant], alpha=0.8, label=variant if first else None)
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    seen: set[str] = set()
+    for run in runs:
+        first = run["variant"] not in seen
+        seen.add(run["variant"])
+        draw(axes[0], run["curves"]["accuracy"], run["variant"], first)
+        draw(axes[1], run["curves"]["accuracy_examples"], run["variant"], first)
+    for ax, label in zip(axes, ("optimizer steps", "examples"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("Test accuracy (every seed drawn)")
+    fig.tight_layout()
+    paths = [outdir / "accuracy.png"]
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    seen = set()
+    for run in runs:
+        if run["variant"] in ("baseline", "linear_16x"):
+            continue  # neither measures nor adapts anything
+        first = run["variant"] not in seen
+        seen.add(run["variant"])
+        for ax, tag in zip(axes.flat, ADAPTATION_TAGS, strict=True):
+            draw(ax, run["curves"][tag], run["variant"], first)
+    for ax, tag in zip(axes.flat, ADAPTATION_TAGS, strict=True):
+        ax.set_title(tag)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend()
+    fig.tight_layout()
+    paths.append(outdir / "adaptation.png")
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str]) -> None:
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)  # TensorBoard's reader logs every file at INFO
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    unknown = sorted(set(FLAGS.variants) - set(VARIANTS))
+    if unknown:
+        raise app.UsageError(f"--variants must be among {list(VARIANTS)}. Received: {unknown}")
+    config = _load_config(FLAGS.config)
+    for item in FLAGS.override:  # the base batch may be overridden too
+        key, _, value = item.partition("=")
+        if key == "base_batch_size":
+            config.base_batch_size = int(value)
+    b0 = int(config.base_batch_size)
+    outdir = Path(FLAGS.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    start = time.time()
+    plan = [(v, int(s)) for s in FLAGS.seeds for v in FLAGS.variants]
+    for i, (variant, seed) in enumerate(plan, 1):
+        t0 = time.time()
+        run = _run(variant, seed, b0)
+        runs.append(run)
+        m = run["metrics"]
+        print(
+            f"[{i}/{len(plan)}] {variant} seed {seed}: accuracy {m['test_accuracy']:.4f}, "
+            f"{m['optimizer_steps']} steps, average batch {m['average_batch_size']:.0f} "
+            f"({time.time() - t0:.0f} s; {time.time() - start:.0f} s in all)",
+            flush=True,
+        )
+    rows, verdicts = summarize(runs)
+    (outdir / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+    table = markdown(rows, verdicts)
+    (outdir / "results.md").write_text(table)
+    paths = plot(runs, outdir)
+    print(table)
+    print("Plots: " + ", ".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)
