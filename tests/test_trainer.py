@@ -249,14 +249,14 @@ def test_per_replica_dataset_function() -> None:
     assert history["samples_seen"][-1] == 3 * 2 * M * 2
 
 
-def test_loss_scaling_is_refused_until_it_is_supported() -> None:
+def test_static_loss_scale_factor_is_refused_with_the_alternative() -> None:
     strategy = get_strategy(2)
     model = mlp(strategy)
     with strategy.scope():
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        optimizer = keras.optimizers.SGD(0.1, loss_scale_factor=128.0)
     with pytest.raises(
         ValueError,
-        match=r"Loss scaling .* is not supported by tf_adabatch yet.*Received: optimizer=LossScaleOptimizer",
+        match=r"static `loss_scale_factor` .* not supported .*LossScaleOptimizer.*Received: loss_scale_factor=128.0",
     ):
         tf_adabatch.Trainer(
             model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy

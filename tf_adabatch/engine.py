@@ -135,7 +135,9 @@ class AdaptiveEngine:
       optimizer: any Keras optimizer. The engine owns it: it bypasses the optimizer's
         internal all-reduce while the engine applies gradients (other use of the
         optimizer is unaffected). `clipnorm`/`global_clipnorm` act on the global
-        gradient.
+        gradient. A `keras.optimizers.LossScaleOptimizer` (`mixed_float16`) works:
+        the statistics see unscaled gradients, and the steps it skips on overflow are
+        skipped steps here (they change no statistic, average or batch size).
       micro_batch_size: m, examples per replica per micro-step (fixed).
       base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
         Defaults to the policy's initial batch size.
@@ -207,17 +209,18 @@ class AdaptiveEngine:
                 f"Argument `min_variance` must be >= 0. Received: min_variance={min_variance!r}"
             )
         self.min_variance = min_variance
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or getattr(
-            optimizer, "loss_scale_factor", None
-        ):
-            # The micro-step does not scale the loss, so the optimizer's unscaling
-            # would shrink every update; statistics would see scaled gradients.
+        if getattr(optimizer, "loss_scale_factor", None):
             raise ValueError(
-                "Loss scaling (`LossScaleOptimizer`, `loss_scale_factor`, the "
-                "`mixed_float16` policy in `compile`) is not supported by tf_adabatch "
-                "yet. Use float32 or `mixed_bfloat16`, which needs no loss scaling. "
-                f"Received: optimizer={type(optimizer).__name__}"
+                "A static `loss_scale_factor` on the optimizer is not supported by "
+                "tf_adabatch; wrap the optimizer in `keras.optimizers.LossScaleOptimizer` "
+                "(dynamic loss scaling, what `mixed_float16` uses) instead. Received: "
+                f"loss_scale_factor={optimizer.loss_scale_factor!r}"
             )
+        # Dynamic loss scaling (`mixed_float16`): each micro-step differentiates the
+        # scaled loss and unscales its gradients at once, so the accumulators and every
+        # statistic see true gradients; the optimizer gets the scaled mean gradient and
+        # does its own bookkeeping (skips and halves its scale on overflow, grows it).
+        self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         if getattr(optimizer, "gradient_accumulation_steps", None):
             raise ValueError(
                 "The optimizer has `gradient_accumulation_steps="
@@ -376,11 +379,16 @@ class AdaptiveEngine:
                 per_example = per_example * sw
             data_loss = tf.reduce_mean(per_example)
             loss = data_loss + self._extra_losses()
+            if self._loss_scaled:
+                loss = self.optimizer.scale_loss(loss)
         grads = tape.gradient(loss, self._variables)
         grads = [
             tf.zeros(v.shape, v.dtype) if g is None else tf.cast(tf.convert_to_tensor(g), v.dtype)
             for g, v in zip(grads, self._variables, strict=True)
         ]
+        if self._loss_scaled:  # unscale now: overflow stays inf/NaN and skips the step
+            scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
+            grads = [g / tf.cast(scale, g.dtype) for g in grads]
         # The first micro-step of an optimizer step overwrites the accumulators, so no
         # reset pass is needed (and a step cut short by the end of the data is simply
         # overwritten by the next one).
@@ -473,6 +481,10 @@ class AdaptiveEngine:
                 g if r is None else g + tf.cast(r, g.dtype)
                 for g, r in zip(grads, reg_grads, strict=True)
             ]
+        if self._loss_scaled:
+            # The loss-scale optimizer divides by its scale (a power of two: exact).
+            scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
+            grads = [g * tf.cast(scale, g.dtype) for g in grads]
         self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
 
     # ------------------------------------------------------- cross-replica context
@@ -490,7 +502,12 @@ class AdaptiveEngine:
         logs["learning_rate"] = tf.cast(self.optimizer.learning_rate, _F64)
         self._bypass.active = True
         try:
-            tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
+            if self._loss_scaled:
+                # The loss-scale optimizer skips a non-finite step itself, and must see
+                # it to lower its scale.
+                strategy.run(self._apply_fn, args=(gbar,))
+            else:
+                tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
         logs.update(self._advance(finite, k, logs))
