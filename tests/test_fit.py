@@ -186,14 +186,101 @@ def test_progress_budget_stops_fit_at_the_budget() -> None:
     assert history.history["progress"] == [12.0]
 
 
-def test_weights_only_saves_warn_that_the_adaptive_state_is_not_in_them(tmp_path) -> None:
-    strategy = get_strategy(2)
-    model = mlp(strategy)
+def attached(replicas: int = 2):
+    strategy, model, optimizer = make(replicas)
     with strategy.scope():
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    tf_adabatch.attach(model, micro_batch_size=M)
-    with pytest.warns(
-        UserWarning, match=r"`model.save_weights` does not include the adaptive state"
-    ):
-        model.save_weights(str(tmp_path / "w.weights.h5"))
-    assert (tmp_path / "w.weights.h5").exists()
+        model.compile(optimizer=optimizer, loss="mse")
+    engine = tf_adabatch.attach(
+        model, micro_batch_size=M, base_batch_size=replicas * M, policy=simigrad(replicas)
+    )
+    return model, engine
+
+
+def adaptive_values(engine) -> list[float]:
+    return [float(v.numpy()) for v in (*engine.state.variables, *engine.policy.variables)]
+
+
+def test_keras_weights_files_carry_the_adaptive_state(tmp_path) -> None:
+    x, y = regression_data(1024)
+    data = global_micro_batches(x, y, 2 * M).repeat()
+    model, engine = attached()
+    model.fit(data, epochs=1, steps_per_epoch=6, verbose=0)
+    assert engine.batch_size != 2 * 2 * M and int(engine.state.steps.numpy()) == 6
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+
+    restored, restored_engine = attached()
+    assert adaptive_values(restored_engine) != adaptive_values(engine)
+    restored.load_weights(path)
+    np.testing.assert_array_equal(adaptive_values(restored_engine), adaptive_values(engine))
+    for a, b in zip(weights(restored), weights(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert restored_engine.batch_size == engine.batch_size
+
+    # A model that is not attached loads the same file (the state entry is ignored).
+    strategy = get_strategy(2)
+    plain = mlp(strategy, seed=3)
+    with strategy.scope():
+        plain.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    plain.load_weights(path)
+    for a, b in zip(weights(plain), weights(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+class _Record(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[float, float, float]] = []
+        self.epochs = 0
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self.epochs += 1
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self.steps.append((logs["step"], logs["batch_size"], logs["gain"]))
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt("preempted")
+
+
+def test_backup_and_restore_resumes_fit_exactly(tmp_path) -> None:
+    """Keras's BackupAndRestore, stock: fit is interrupted at the start of epoch 2 and
+    rerun with a new model (as after a restart); it must continue with the adapted batch
+    size, gain, progress, moving averages and policy state, and end where an
+    uninterrupted fit ends. Each epoch is one pass over the same finite data (Keras
+    restarts an epoch's data on resume), ending mid-step (that step is discarded)."""
+    x, y = regression_data(600)
+    data = global_micro_batches(x, y, 2 * M)  # finite: 75 global micro-batches per epoch
+    epochs = 4
+
+    model, engine = attached()
+    full = _Record()
+    model.fit(data, epochs=epochs, verbose=0, callbacks=[full])
+
+    backup = str(tmp_path / "backup")
+    first, _ = attached()
+    part1 = _Record()
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(
+            data,
+            epochs=epochs,
+            verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), part1, _Interrupt()],
+        )
+    second, second_engine = attached()
+    part2 = _Record()
+    second.fit(
+        data, epochs=epochs, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup), part2]
+    )
+    assert (full.epochs, part1.epochs, part2.epochs) == (epochs, 2, epochs - 2)
+    assert len({b for _, b, _ in full.steps}) > 1  # the batch adapted
+    assert part2.steps[0][0] == part1.steps[-1][0] + 1  # the step counter went on
+    assert part1.steps + part2.steps == full.steps  # identical batch sizes and gains
+    np.testing.assert_allclose(
+        adaptive_values(second_engine), adaptive_values(engine), rtol=1e-6, atol=1e-9
+    )
+    for a, b in zip(weights(second), weights(model), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

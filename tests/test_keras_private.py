@@ -127,3 +127,40 @@ def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
     source = inspect.getsource(TensorFlowTrainer.fit)
     assert "self._maybe_symbolic_build(iterator=epoch_iterator)" in source
     assert "self.make_train_function()" in source and "self.train_function(iterator)" in source
+
+
+def test_saving_walks_a_models_keras_saveable_attributes_with_registered_skip_sets(
+    tmp_path,
+) -> None:
+    """`tf_adabatch.fit._AdaptiveStateSaveable` rides on three private pieces of Keras
+    saving: the `KerasSaveable` base, `_walk_saveable` visiting a model's attributes,
+    and `get_attr_skipset` consulting the global attribute
+    `saving_attr_skiplist_<type>` before its own list of known types."""
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+    from keras.src.saving.keras_saveable import KerasSaveable
+
+    global_state.set_global_attribute("saving_attr_skiplist_PinProbe", {"skipped"})
+    assert saving_lib.get_attr_skipset("PinProbe") == {"skipped"}
+
+    class Probe(KerasSaveable):
+        def __init__(self) -> None:
+            self.value = np.arange(3.0)
+            self.skipped = None
+
+        def _obj_type(self) -> str:
+            return "PinProbe"
+
+        def save_own_variables(self, store) -> None:
+            store["0"] = self.value
+
+        def load_own_variables(self, store) -> None:
+            self.value = np.array(store["0"])
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model._probe = Probe()
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    model._probe.value = np.zeros(3)
+    model.load_weights(path)
+    np.testing.assert_array_equal(model._probe.value, [0.0, 1.0, 2.0])

@@ -8,11 +8,12 @@ replica, so a Keras "step" (progress bar, `on_train_batch_end`) is an optimizer 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.common import global_state
+from keras.src.saving.keras_saveable import KerasSaveable
 
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.policies import BatchPolicy
@@ -47,9 +48,11 @@ def attach(
         max_consecutive_skips: as for `tf_adabatch.Trainer`.
 
     Returns:
-      The engine (its `state` holds the adaptive state: checkpoint it with the model,
-      e.g. `tf.train.Checkpoint(model=model, optimizer=model.optimizer,
-      adabatch=engine.state, policy=engine.policy)`).
+      The engine. Its `state` and `policy` (batch size, gain, progress, moving
+      averages, counters, the policy's state) are saved and restored with the model by
+      Keras: `model.save_weights` / `load_weights`, `model.save` and
+      `keras.callbacks.BackupAndRestore` (so an interrupted `fit` resumes with the
+      adapted batch, not the initial one).
 
     Raises:
       ValueError: if the model is not compiled, has several losses, or uses
@@ -110,29 +113,57 @@ def attach(
     model.train_function = train_function
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         _patch_symbolic_build(model, strategy)
-    _warn_on_weights_only_saves(model)
     model._adabatch_engine = engine  # keep it alive and findable from the model
+    # Keras saves (save_weights, save, BackupAndRestore) include the adaptive state.
+    model._adabatch_state = _AdaptiveStateSaveable(engine)
     return engine
 
 
-_STATE_WARNING = (
-    "tf_adabatch: `model.{name}` does not include the adaptive state (batch size, gain, "
-    "progress, moving averages, policy); checkpoint it too, e.g. "
-    "tf.train.Checkpoint(model=model, optimizer=model.optimizer, "
-    "adabatch=engine.state, policy=engine.policy)."
-)
+class _AdaptiveStateSaveable(KerasSaveable):
+    """The engine's state and policy variables as one Keras-saveable object.
 
+    `attach` sets it as an attribute of the model, so Keras's own saving walks it like
+    any sub-object of the model: `model.save_weights`, `model.save` (.keras) and
+    `keras.callbacks.BackupAndRestore` store the adaptive state under the path
+    `_adabatch_state`, and `load_weights` restores it into an attached model. A model
+    without the state (not attached) ignores that entry when it loads such a file, and
+    an attached model loading a file without it keeps its current state.
 
-def _warn_on_weights_only_saves(model: keras.Model) -> None:
-    """Keras saves do not see the engine's `tf.Variable`s: say so instead of losing them."""
-    for name in ("save_weights", "save"):
-        original = getattr(model, name)
+    Keras has no public hook for this: it relies on the private `KerasSaveable` base,
+    on saving walking a model's attributes and on its per-type attribute skip sets
+    (pinned by tests/test_keras_private.py and the round trips in tests/test_fit.py).
+    """
 
-        def save(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
-            warnings.warn(_STATE_WARNING.format(name=_name), UserWarning, stacklevel=2)
-            return _original(*args, **kwargs)
+    def __init__(self, engine: AdaptiveEngine) -> None:
+        self.name = "adabatch_state"
+        self._get_variables = lambda: [*engine.state.variables, *engine.policy.variables]
 
-        setattr(model, name, save)
+    def _obj_type(self) -> str:
+        # Keras's saving asks for the attributes to skip per object type right after
+        # this call and knows only its own types; an empty skip set is registered for
+        # ours (again after `clear_session`, which clears Keras's global state).
+        key = "saving_attr_skiplist_AdaBatchState"
+        if global_state.get_global_attribute(key, None) is None:
+            global_state.set_global_attribute(key, set())
+        return "AdaBatchState"
+
+    def save_own_variables(self, store: Any) -> None:
+        for i, variable in enumerate(self._get_variables()):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        keys = list(store.keys())
+        if not keys:
+            return  # a file saved without the adaptive state
+        variables = self._get_variables()
+        if len(keys) != len(variables):
+            raise ValueError(
+                f"The saved adaptive state has {len(keys)} variables; this engine and "
+                f"policy have {len(variables)}. Load it with the same policy type it "
+                "was saved with."
+            )
+        for i, variable in enumerate(variables):
+            variable.assign(store[str(i)])
 
 
 def _patch_symbolic_build(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
