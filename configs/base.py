@@ -4,6 +4,8 @@ r"""The shared defaults every config starts from (Fashion-MNIST CNN, SimiGrad + 
 
 Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
   seed                      data order and initialisation
+  deterministic             bit-reproducible ops (tf.config.experimental.enable_op_determinism;
+                            slower): a resumed run then ends exactly where an uninterrupted one does
   dataset                   fashion_mnist | digits | synthetic
   model                     cnn | mlp
   strategy                  mirrored | one_device | multi_worker | tpu
@@ -23,6 +25,7 @@ Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
   train.base_epochs         the budget: epochs at the base batch (progress tau)
   train.max_steps           optional cap on optimizer steps (None: no cap)
   train.checkpoint_every_steps, eval_every_base_epochs, eval_batch_size
+  train.max_consecutive_skips  stop after this many non-finite steps in a row (None: never)
 """
 
 from ml_collections import config_dict
@@ -31,6 +34,7 @@ from ml_collections import config_dict
 def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     config.seed = 0
+    config.deterministic = False
     config.dataset = "fashion_mnist"
     config.model = "cnn"
     config.strategy = "mirrored"
@@ -67,4 +71,5 @@ def get_config() -> config_dict.ConfigDict:
     config.train.checkpoint_every_steps = 100
     config.train.eval_every_base_epochs = 1.0
     config.train.eval_batch_size = 1000
+    config.train.max_consecutive_skips = config_dict.FieldReference(100, field_type=int)
     return config

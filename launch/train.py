@@ -43,11 +43,17 @@ def main(argv: list[str]) -> None:
     except OSError as err:  # ml_collections reports a bad config file on first use
         print(f"error: --config: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
+    from tf_adabatch.engine import NonFiniteGradientsError
+
     try:
         experiment.run(config, _WORKDIR.value)
     except experiment.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteGradientsError as err:
+        # The last checkpoint is the last good step (none is written while skipping).
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(3)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

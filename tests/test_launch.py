@@ -144,6 +144,11 @@ def test_bad_value_fails_with_one_clear_line(tmp_path: Path) -> None:
             r"Config field `base_batch_size` must be >= 1. Received: base_batch_size=0",
         ),
         ("train.base_epochs", -1.0, r"Config field `train.base_epochs` must be > 0"),
+        (
+            "train.max_consecutive_skips",
+            0,
+            r"Config field `train.max_consecutive_skips` must be None or >= 1. Received: train.max_consecutive_skips=0",
+        ),
     ],
 )
 def test_validate_config_names_field_rule_and_value(field: str, value, match: str) -> None:

@@ -102,6 +102,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         c.train.eval_every_base_epochs,
     )
     _require(
+        c.train.max_consecutive_skips is None or c.train.max_consecutive_skips >= 1,
+        "train.max_consecutive_skips",
+        "be None or >= 1",
+        c.train.max_consecutive_skips,
+    )
+    _require(
+        isinstance(c.deterministic, bool), "deterministic", "be True or False", c.deterministic
+    )
+    _require(
         c.train.max_steps is None or c.train.max_steps >= 1,
         "train.max_steps",
         "be None or >= 1",
@@ -213,7 +222,9 @@ class _Checkpointing(keras.callbacks.Callback):
         logs = logs or {}
         step = int(logs.get("step", 0))
         self.evaluate(logs)
-        if step % self.every == 0:
+        # Never save while steps are being skipped: if the run stops on
+        # `NonFiniteGradientsError`, its last checkpoint is the last good step.
+        if step % self.every == 0 and not logs.get("consecutive_skips", 0.0):
             self.manager.save(checkpoint_number=step)
 
 
@@ -245,6 +256,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     log = print if verbose else (lambda *args: None)
     start = time.time()
     strategy = make_strategy(config)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
     (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
     b0 = config.base_batch_size
     base_steps = max(1, math.ceil(config.train.base_epochs * len(x) / b0))
@@ -260,6 +273,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         base_batch_size=b0,
         policy=_policy(config),
         similarity=config.similarity,
+        max_consecutive_skips=config.train.max_consecutive_skips,
         strategy=strategy,
     )
     os.makedirs(workdir, exist_ok=True)
@@ -317,7 +331,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
         verbose=verbose,
     )
-    if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}"):
+    if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}") and not int(
+        trainer.state.consecutive_skips.numpy()
+    ):
         manager.save(checkpoint_number=total_steps())
     result = evaluate_now()
     steps = int(trainer.state.steps.numpy())
