@@ -4,11 +4,12 @@ r"""Runs N workers of launch/train.py on this machine (127.0.0.1), for trying mu
         --config=configs/digits.py --workdir=workdir/digits_mw
 
 Each worker gets TF_CONFIG with the cluster (free loopback ports) and its index, and
-`--config.strategy=multi_worker`; worker i writes its log to WORKDIR/worker-i.log (worker
-0 also to this terminal). All workers are stopped if one fails or the timeout passes;
-the exit code is the first failing worker's. Every worker writes checkpoints and
-TensorBoard logs into its own folder: WORKDIR for worker 0, WORKDIR/worker-i otherwise
-(MultiWorkerMirroredStrategy needs every worker to save).
+`--config.strategy=multi_worker` and the same --workdir; worker i writes its log to
+WORKDIR/worker-i.log (worker 0 also to this terminal). All workers are stopped if one
+fails or the timeout passes; the exit code is the first failing worker's. Worker 0 (the
+chief) writes checkpoints, TensorBoard logs and metrics into WORKDIR, worker i > 0 into
+WORKDIR/worker-i (MultiWorkerMirroredStrategy needs every worker to save); all resume
+from the chief's checkpoints, so rerunning the same command resumes.
 
 On a real cluster, set TF_CONFIG on each machine yourself, e.g. for worker 1 of 2:
 
@@ -47,10 +48,6 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def worker_workdir(workdir: str, index: int) -> str:
-    return workdir if index == 0 else os.path.join(workdir, f"worker-{index}")
-
-
 def launch(train_args: list[str], num_workers: int, timeout: float) -> int:
     """Starts the workers, waits for all, stops all on the first failure; returns the exit code."""
     workdir = next((a.split("=", 1)[1] for a in train_args if a.startswith("--workdir=")), None)
@@ -69,18 +66,12 @@ def launch(train_args: list[str], num_workers: int, timeout: float) -> int:
                     {"cluster": cluster, "task": {"type": "worker", "index": index}}
                 ),
             )
-            args = [
-                a
-                if not a.startswith("--workdir=")
-                else f"--workdir={worker_workdir(workdir, index)}"
-                for a in train_args
-            ]
-            log = open(os.path.join(workdir, f"worker-{index}.log"), "w")  # noqa: SIM115 - closed below
+            log = open(os.path.join(workdir, f"worker-{index}.log"), "a")  # noqa: SIM115 - closed below
             logs.append(log)
             out = None if index == 0 else log
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, TRAIN, *args, "--config.strategy=multi_worker"],
+                    [sys.executable, TRAIN, *train_args, "--config.strategy=multi_worker"],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT if out else None,

@@ -54,6 +54,9 @@ def main(argv: list[str]) -> None:
         # The last checkpoint is the last good step (none is written while skipping).
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
+    except experiment.WorkerLostError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(4)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -64,3 +64,13 @@ def global_micro_batches(x: np.ndarray, y: np.ndarray, global_micro: int) -> tf.
 
 def weights(model: keras.Model) -> list[np.ndarray]:
     return [np.array(v.numpy()) for v in model.trainable_variables]
+
+
+def checkpoint_values(workdir) -> dict[str, np.ndarray]:
+    """Every variable of a run's latest checkpoint (model, optimizer, adaptive state, policy)."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir) + "/checkpoints"))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }

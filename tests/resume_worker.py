@@ -63,7 +63,7 @@ def main() -> None:
             return fn
 
         pipeline.train_dataset_fn = killing_dataset_fn
-    experiment.run(config, workdir, verbose=0)
+    experiment.run(config, workdir, verbose=1)
 
 
 if __name__ == "__main__":

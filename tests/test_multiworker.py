@@ -1,11 +1,13 @@
-"""MultiWorkerMirroredStrategy: 2 worker processes on 127.0.0.1 run the custom loop."""
+"""MultiWorkerMirroredStrategy: 2 worker processes on 127.0.0.1; agreement, faults, resume."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -14,9 +16,10 @@ import pytest
 
 import tf_adabatch
 from launch.multiworker import free_ports
+from tf_adabatch import summaries
 
 from conftest import get_strategy
-from helpers import global_micro_batches, mlp, regression_data, weights
+from helpers import checkpoint_values, global_micro_batches, mlp, regression_data, weights
 
 HERE = Path(__file__).resolve().parent
 STEPS = 4
@@ -107,3 +110,88 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
     for name in results[0]:
         np.testing.assert_array_equal(results[0][name], results[1][name])
     assert np.isfinite(results[0]["gains"]).all()
+
+
+def start_workers(workdir: Path, ports: list[int]) -> list[subprocess.Popen]:
+    """launch/train.py on the synthetic config as 2 MultiWorkerMirroredStrategy workers."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for index in range(len(ports)):
+        env = dict(
+            os.environ,
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+        )
+        cmd = [
+            sys.executable,
+            str(HERE.parent / "launch" / "train.py"),
+            f"--config={HERE.parent / 'configs' / 'synthetic.py'}",
+            f"--workdir={workdir}",
+            "--config.strategy=multi_worker",
+            "--config.deterministic=True",
+            "--config.train.base_epochs=1.0",
+            "--config.train.checkpoint_every_steps=5",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[tuple[int, str, str]]:
+    """Waits for every worker (killing all on timeout): [(exit code, stderr, stdout)]."""
+    try:
+        return [(p.wait(timeout=timeout), *p.communicate()[::-1]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    ports = free_ports(2)
+    for code, err, _ in finish(start_workers(tmp_path / "full", ports)):
+        assert code == 0, err[-3000:]
+
+    run = tmp_path / "run"
+    procs = start_workers(run, free_ports(2))
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not list((run / "checkpoints").glob("ckpt-*.index")):
+            assert procs[0].poll() is None, "the chief ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.1)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = procs[0].wait(timeout=TIMEOUT_S)
+        waited = time.monotonic() - killed_at
+    finally:
+        err = finish(procs, timeout=60)[0][1]
+    # The survivor stops by itself, in bounded time, with one clear line (exit code 4).
+    assert code == 4, err[-3000:]
+    assert waited < 120, f"the survivor took {waited:.0f} s to stop"
+    assert "error: Lost another worker" in err and "relaunch every worker" in err
+    assert "Traceback" not in err
+
+    for code, err, out in finish(start_workers(run, free_ports(2))):
+        assert code == 0, err[-3000:]
+        # Both resumed from the chief's checkpoint, not from scratch.
+        assert f"Resumed from {run / 'checkpoints' / 'ckpt-'}" in out, out[-2000:]
+    expected, got = checkpoint_values(tmp_path / "full"), checkpoint_values(run)
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
+    full_tb = summaries.read_scalars(str(tmp_path / "full" / "tensorboard" / "train"))
+    run_tb = summaries.read_scalars(str(run / "tensorboard" / "train"))
+    for tag in ("adabatch/batch_size", "adabatch/gain"):
+        assert run_tb[tag] == full_tb[tag], tag
+    for worker_dir in (run, run / "worker-1"):
+        metrics = json.loads((worker_dir / "metrics.json").read_text())
+        assert metrics == {
+            **json.loads((tmp_path / "full" / "metrics.json").read_text()),
+            "wall_time_s": metrics["wall_time_s"],
+        }

@@ -21,6 +21,8 @@ import tf_adabatch
 from configs import synthetic
 from tf_adabatch import experiment, summaries
 
+from helpers import checkpoint_values
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
 # SimiGrad + AdaScale on the synthetic task, 2 replicas x micro-batch 16, bit-exact ops.
@@ -45,16 +47,6 @@ def worker(workdir: Path, kill_at: int = 0) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
 
 
-def checkpoint_values(workdir: Path) -> dict[str, np.ndarray]:
-    """Every variable of the latest checkpoint: model, optimizer, adaptive state, policy."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
-    }
-
-
 def test_sigkill_at_a_random_micro_step_then_rerun_equals_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:
@@ -72,6 +64,7 @@ def test_sigkill_at_a_random_micro_step_then_rerun_equals_an_uninterrupted_run(
     assert saved is not None, "killed before its first checkpoint"
     resumed = worker(tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from {saved}" in resumed.stdout
 
     # Same final weights, optimizer slots, adaptive state and policy state.
     expected, got = checkpoint_values(tmp_path / "full"), checkpoint_values(tmp_path / "resumed")

@@ -9,6 +9,15 @@ Workdir layout:
     tensorboard/train/  adabatch/*, train/loss every optimizer step
     tensorboard/eval/   eval/loss, eval/accuracy at each evaluation
     metrics.json        written at the end
+    worker-<i>/         multi-worker: the same files of each non-chief worker
+
+Multi-worker (MultiWorkerMirroredStrategy): give every worker the same workdir (a
+shared filesystem). Every worker saves (the strategy needs it), non-chief workers into
+`worker-<i>/`; every worker resumes from the chief's `checkpoints/`, so all restart
+from one state, and a check refuses to train if they restored different steps. When a
+worker dies, the others stop with `WorkerLostError` once TensorFlow's coordination
+service notices the missing heartbeats (about 20 s here): relaunch all workers with the
+same command to resume.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from tf_adabatch.models import MODELS, build_model
 from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
 from tf_adabatch.trainer import Trainer
 
-__all__ = ["STRATEGIES", "make_strategy", "run", "validate_config"]
+__all__ = ["STRATEGIES", "WorkerLostError", "make_strategy", "run", "validate_config"]
 
 STRATEGIES = ("mirrored", "one_device", "multi_worker", "tpu")
 POLICIES = ("static", "simigrad", "noise_scale")
@@ -37,6 +46,58 @@ POLICIES = ("static", "simigrad", "noise_scale")
 
 class ConfigError(ValueError):
     """A config field breaks a rule; the message names the field, rule and value."""
+
+
+class WorkerLostError(RuntimeError):
+    """Multi-worker training lost a worker (or the workers disagree on the checkpoint).
+
+    >>> issubclass(WorkerLostError, RuntimeError)
+    True
+    """
+
+
+# What a collective op raises on the survivors when a peer dies.
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.CancelledError,
+)
+
+
+def _worker(strategy: tf.distribute.Strategy) -> tuple[bool, str]:
+    """(is this the chief?, a name for this worker's own output folder)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or not getattr(
+        resolver, "task_type", None
+    ):
+        return True, ""
+    spec = resolver.cluster_spec().as_dict()
+    chief = resolver.task_type == "chief" or (
+        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in spec
+    )
+    return chief, f"{resolver.task_type}-{resolver.task_id}"
+
+
+def _check_same_checkpoint(strategy: tf.distribute.Strategy, step: int) -> None:
+    """All workers must resume from the same step (else their collectives mix steps)."""
+
+    @tf.function
+    def gather() -> Any:
+        def replica_fn() -> tf.Tensor:
+            value = tf.constant([1.0, float(step), float(step) ** 2], tf.float64)
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+        return strategy.experimental_local_results(strategy.run(replica_fn))[0]
+
+    n, total, squares = (float(v) for v in gather().numpy())
+    if abs(n * squares - total * total) > 0.5:  # equal iff every worker has the same step
+        raise WorkerLostError(
+            f"The workers restored different checkpoints (this one: step {step}, mean "
+            f"{total / n:.1f}). Give every worker the same workdir on a shared filesystem: "
+            "all of them resume from the chief's checkpoints/."
+        )
 
 
 def _require(ok: bool, field: str, rule: str, value: Any) -> None:
@@ -276,14 +337,23 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         max_consecutive_skips=config.train.max_consecutive_skips,
         strategy=strategy,
     )
-    os.makedirs(workdir, exist_ok=True)
+    chief, worker_name = _worker(strategy)
+    outdir = workdir if chief else os.path.join(workdir, worker_name)
+    os.makedirs(outdir, exist_ok=True)
     manager = tf.train.CheckpointManager(
-        trainer.checkpoint, os.path.join(workdir, "checkpoints"), max_to_keep=2
+        trainer.checkpoint, os.path.join(outdir, "checkpoints"), max_to_keep=2
     )
-    if manager.latest_checkpoint:
-        trainer.checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    # Every worker resumes from the chief's checkpoints (the same state everywhere).
+    latest = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
+    if latest:
+        trainer.checkpoint.restore(latest).assert_existing_objects_matched()
         log(
-            f"Resumed from {manager.latest_checkpoint}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
+            f"Resumed from {latest}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
+        )
+    multi_worker = bool(worker_name)
+    if multi_worker:
+        _check_same_checkpoint(
+            strategy, int(trainer.state.steps.numpy() + trainer.state.skipped_steps.numpy())
         )
     samples = int(trainer.state.samples_seen.numpy())
     dataset_fn = pipeline.train_dataset_fn(
@@ -295,7 +365,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     )
     iterator = iter(trainer.distribute(dataset_fn))
     test = pipeline.eval_dataset(x_test, y_test, config.train.eval_batch_size)
-    eval_writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard", "eval"))
+    eval_writer = tf.summary.create_file_writer(os.path.join(outdir, "tensorboard", "eval"))
     metrics_fns = {"accuracy": keras.metrics.sparse_categorical_accuracy}
     next_eval = [(math.floor(trainer.progress / eval_every) + 1) * eval_every]
     evaluated: dict[str, Any] = {"step": None, "result": None}
@@ -323,19 +393,29 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     remaining = None
     if config.train.max_steps is not None:
         remaining = max(0, config.train.max_steps - total_steps())
-    trainer.fit(
-        iterator,
-        steps=remaining,
-        until_progress=float(base_steps),
-        summary_dir=os.path.join(workdir, "tensorboard", "train"),
-        callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
-        verbose=verbose,
-    )
-    if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}") and not int(
-        trainer.state.consecutive_skips.numpy()
-    ):
-        manager.save(checkpoint_number=total_steps())
-    result = evaluate_now()
+    try:
+        trainer.fit(
+            iterator,
+            steps=remaining,
+            until_progress=float(base_steps),
+            summary_dir=os.path.join(outdir, "tensorboard", "train"),
+            callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
+            verbose=verbose,
+        )
+        if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}") and not int(
+            trainer.state.consecutive_skips.numpy()
+        ):
+            manager.save(checkpoint_number=total_steps())
+        result = evaluate_now()
+    except _PEER_ERRORS as err:
+        if not multi_worker:
+            raise
+        first = next((line for line in str(err).splitlines() if "unhealthy" in line), None)
+        raise WorkerLostError(
+            f"Lost another worker ({first or type(err).__name__}). The chief's last "
+            f"checkpoint is {tf.train.latest_checkpoint(os.path.join(workdir, 'checkpoints'))}; "
+            "relaunch every worker with the same command to resume from it."
+        ) from err
     steps = int(trainer.state.steps.numpy())
     samples = int(trainer.state.samples_seen.numpy())
     metrics = {
@@ -350,9 +430,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         "wall_time_s": time.time() - start,
         "replicas": strategy.num_replicas_in_sync,
     }
-    with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(outdir, "metrics.json"), "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
     log(
-        f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {steps} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(workdir, 'metrics.json')}"
+        f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {steps} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(outdir, 'metrics.json')}"
     )
     return metrics
