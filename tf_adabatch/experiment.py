@@ -67,10 +67,10 @@ _PEER_ERRORS = (
 
 def _worker(strategy: tf.distribute.Strategy) -> tuple[bool, str]:
     """(is this the chief?, a name for this worker's own output folder)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or not getattr(
-        resolver, "task_type", None
-    ):
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True, ""
+    resolver: Any = strategy.cluster_resolver
+    if resolver is None or not resolver.task_type:  # one worker, no TF_CONFIG
         return True, ""
     spec = resolver.cluster_spec().as_dict()
     chief = resolver.task_type == "chief" or (
