@@ -145,3 +145,14 @@ def test_bounds_must_be_reachable_with_the_replicas_and_micro_batch() -> None:
         match=r"`min_batch_size` must be a multiple of replicas x micro_batch_size = 32 to be reachable. Received: min_batch_size=48",
     ):
         policy.build(32)
+
+
+def test_noise_scale_policy_and_progress_budget_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"Argument `factor` must be > 0. Received: factor=0.0"):
+        tf_adabatch.NoiseScalePolicy(
+            0.0, initial_batch_size=32, min_batch_size=32, max_batch_size=64
+        )
+    with pytest.raises(
+        ValueError, match=r"Argument `base_steps` must be > 0. Received: base_steps=0"
+    ):
+        tf_adabatch.ProgressBudget(0)

@@ -163,6 +163,10 @@ def test_dataset_running_out_ends_cleanly_and_discards_the_partial_step() -> Non
             {"base_batch_size": -3},
             r"Argument `base_batch_size` must be a positive integer. Received: base_batch_size=-3",
         ),
+        (
+            {"max_consecutive_skips": 0},
+            r"Argument `max_consecutive_skips` must be a positive integer. Received: max_consecutive_skips=0",
+        ),
     ],
 )
 def test_bad_arguments_are_named_with_rule_and_value(kwargs, match) -> None:
@@ -289,3 +293,61 @@ def test_evaluate_is_exact_with_an_uneven_last_batch() -> None:
     log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
     assert result["loss"] == pytest.approx(-log_probs[np.arange(103), y].mean(), rel=1e-5)
     assert result["accuracy"] == pytest.approx((logits.argmax(1) == y).mean())
+
+
+def test_unsupported_strategy_is_refused_by_name() -> None:
+    strategy = tf.distribute.experimental.CentralStorageStrategy()
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    with pytest.raises(
+        ValueError,
+        match=r"Argument `strategy` must be a synchronous data-parallel strategy .* Received: strategy=CentralStorageStrategy",
+    ):
+        tf_adabatch.Trainer(
+            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
+        )
+
+
+def test_engine_only_arguments_and_the_loss_type_are_validated() -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    with pytest.raises(
+        TypeError,
+        match=r"Argument `loss` must be a Keras `Loss`, a loss name or a callable .* Received: loss=42",
+    ):
+        tf_adabatch.Trainer(
+            model, loss=42, optimizer=optimizer, micro_batch_size=M, strategy=strategy
+        )
+    with pytest.raises(
+        ValueError, match=r"Argument `min_variance` must be >= 0. Received: min_variance=-1.0"
+    ):
+        tf_adabatch.AdaptiveEngine(
+            model,
+            loss="mse",
+            optimizer=optimizer,
+            micro_batch_size=M,
+            min_variance=-1.0,
+            strategy=strategy,
+        )
+
+
+def test_fit_budgets_and_empty_evaluation_are_refused() -> None:
+    trainer = make_trainer()
+    with pytest.raises(
+        ValueError, match=r"Argument `steps` must be a non-negative integer. Received: steps=-1"
+    ):
+        trainer.fit(data(), steps=-1, verbose=0)
+    with pytest.raises(
+        ValueError, match=r"Argument `until_progress` must be >= 0. Received: until_progress=-2.0"
+    ):
+        trainer.fit(data(), until_progress=-2.0, verbose=0)
+    # A plain learning rate has no base schedule, hence no default budget.
+    with pytest.raises(
+        ValueError, match=r"Pass `steps`, `until_progress` or both .* Received neither"
+    ):
+        trainer.fit(data(), verbose=0)
+    with pytest.raises(ValueError, match=r"Argument `dataset` must not be empty"):
+        trainer.evaluate(data().take(0))

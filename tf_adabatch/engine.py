@@ -185,6 +185,19 @@ class AdaptiveEngine:
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
+        unsupported = tuple(
+            getattr(tf.distribute.experimental, name)
+            for name in ("ParameterServerStrategy", "CentralStorageStrategy")
+            if hasattr(tf.distribute.experimental, name)
+        )
+        if isinstance(self.strategy, unsupported):
+            raise ValueError(
+                "Argument `strategy` must be a synchronous data-parallel strategy whose "
+                "replicas all-reduce (MirroredStrategy, MultiWorkerMirroredStrategy, "
+                "TPUStrategy, OneDeviceStrategy or the default strategy): the replica "
+                "groups' statistics need it. Received: "
+                f"strategy={type(self.strategy).__name__}"
+            )
         if max_consecutive_skips is not None:
             _check_positive_int("max_consecutive_skips", max_consecutive_skips)
         self.max_consecutive_skips = max_consecutive_skips
