@@ -100,7 +100,13 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
         return arrays("train"), arrays("test"), 10
     rng = np.random.default_rng(seed)
     if name == "digits":
-        from sklearn.datasets import load_digits
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as err:
+            raise ImportError(
+                "The digits dataset ships with scikit-learn, which is not installed: "
+                "`pip install scikit-learn` (or `pip install -e '.[test]'`)."
+            ) from err
 
         digits = load_digits()
         order = rng.permutation(len(digits.target))
