@@ -484,7 +484,7 @@ class AdaptiveEngine:
                 p.assign(tf.where(finite, g, p.read_value()))
         return out, gbar
 
-    def _apply_step(self, grads: list[tf.Tensor]) -> None:
+    def _apply_step(self, grads: list[tf.Tensor], finite: tf.Tensor | None = None) -> None:
         regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
         if regularized:
             with tf.GradientTape() as tape:
@@ -495,9 +495,14 @@ class AdaptiveEngine:
                 for g, r in zip(grads, reg_grads, strict=True)
             ]
         if self._loss_scaled:
-            # The loss-scale optimizer divides by its scale (a power of two: exact).
+            # The loss-scale optimizer divides by its scale (a power of two: exact). A
+            # step the engine skips (e.g. a non-finite loss with finite gradients) must
+            # be skipped by the optimizer too: hand it non-finite gradients then.
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
-            grads = [g * tf.cast(scale, g.dtype) for g in grads]
+            nan = tf.constant(float("nan"))
+            grads = [
+                tf.where(finite, g * tf.cast(scale, g.dtype), tf.cast(nan, g.dtype)) for g in grads
+            ]
         self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
 
     # ------------------------------------------------------- cross-replica context
@@ -518,7 +523,7 @@ class AdaptiveEngine:
             if self._loss_scaled:
                 # The loss-scale optimizer skips a non-finite step itself, and must see
                 # it to lower its scale.
-                strategy.run(self._apply_fn, args=(gbar,))
+                strategy.run(self._apply_fn, args=(gbar, finite))
             else:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
