@@ -19,8 +19,11 @@ time, the spread (min-max of the round medians) and the ratios to `plain`.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,6 +37,7 @@ flags.DEFINE_list("models", ["small", "cnn"], "small: ~100k parameters; cnn: ~1M
 flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
 flags.DEFINE_integer("steps", 10, "Timed optimizer steps per variant per round.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per variant before the rounds.")
+flags.DEFINE_integer("timeout", 1800, "Seconds allowed per configuration (subprocess).")
 
 
 def build_model(kind: str):
@@ -174,30 +178,47 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    import tensorflow as tf
-
     counts = [int(r) for r in FLAGS.replicas]
     unknown = sorted(set(FLAGS.models) - {"small", "cnn"})
-    if unknown or min(counts) < 1:
+    if unknown or min(counts) < 2:
+        # One replica's exact mode needs two micro-steps per step: not comparable at k = 1.
         raise app.UsageError(
-            f"--models must be among small, cnn and --replicas >= 1. Received: {FLAGS.models}, {counts}"
+            f"--models must be among small, cnn and --replicas >= 2. Received: {FLAGS.models}, {counts}"
         )
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * max(counts)
-    )
+    if len(counts) == 1 and len(FLAGS.models) == 1:
+        import tensorflow as tf
+
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * counts[0]
+        )
+        per_round = measure(counts[0], FLAGS.models[0])
+        base = statistics.median(per_round["plain"])
+        ratios = {name: statistics.median(t) / base for name, t in per_round.items()}
+        print("RESULT " + json.dumps(ratios), flush=True)
+        return
+    # One process per configuration: collective instances of several strategies over
+    # the same devices in one process collide.
     summary = []
+    common = [f"--micro_batch={FLAGS.micro_batch}", f"--rounds={FLAGS.rounds}"]
+    common += [f"--steps={FLAGS.steps}", f"--warmup={FLAGS.warmup}"]
     for replicas in counts:
         for kind in FLAGS.models:
-            per_round = measure(replicas, kind)
-            base = statistics.median(per_round["plain"])
-            summary.append(
-                (replicas, kind, *(statistics.median(per_round[n]) / base for n in per_round))
-            )
+            cmd = [sys.executable, os.path.abspath(__file__), f"--replicas={replicas}"]
+            out = subprocess.run(
+                [*cmd, f"--models={kind}", *common],
+                capture_output=True,
+                text=True,
+                timeout=FLAGS.timeout,
+                check=True,
+            ).stdout
+            print("\n".join(line for line in out.splitlines() if not line.startswith("RESULT")))
+            result = next(line for line in out.splitlines() if line.startswith("RESULT "))
+            summary.append((replicas, kind, json.loads(result[len("RESULT ") :])))
     print("\n| replicas | model | estimated / plain | exact / plain | fit / plain |")
     print("|---|---|---|---|---|")
-    for replicas, kind, _, est, exact, fit in summary:
-        print(f"| {replicas} | {kind} | {est:.3f} | {exact:.3f} | {fit:.3f} |")
+    for replicas, kind, r in summary:
+        print(f"| {replicas} | {kind} | {r['estimated']:.3f} | {r['exact']:.3f} | {r['fit']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
 def test_overhead_benchmark_smoke() -> None:
     result = script(
         "benchmark_overhead.py",
-        "--replicas=2",
+        "--replicas=2,4",
         "--models=small",
         "--rounds=2",
         "--steps=2",
@@ -81,4 +81,5 @@ def test_overhead_benchmark_smoke() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     for variant in ("plain", "estimated", "exact", "fit"):
         assert f"| {variant} |" in result.stdout
-    assert "| 2 | small |" in result.stdout
+    # Two configurations, each in its own process, and the summary of both.
+    assert "| 2 | small |" in result.stdout and "| 4 | small |" in result.stdout
