@@ -302,6 +302,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
 
     Raises:
       ConfigError: for a config value that breaks a rule.
+      NonFiniteGradientsError: after `train.max_consecutive_skips` non-finite steps in
+        a row (the last checkpoint is then the last good step).
+      WorkerLostError: multi-worker only, when another worker died (or the workers
+        restored different checkpoints).
 
     Example (two optimizer steps of the synthetic config on one device):
 
