@@ -310,6 +310,16 @@ class AdaptiveEngine:
         """The current global batch size B = k x replicas x micro-batch."""
         return self.accumulation_steps * self.num_replicas * self.micro_batch_size
 
+    @property
+    def carried_buffers(self) -> list[tf.Variable]:
+        """Per-step buffers the next step reads, to checkpoint with the state.
+
+        The previous step's gradient of the differenced estimator (one replica,
+        estimated similarity); empty in every other mode (the accumulators are
+        overwritten by each step's first micro-step and never need saving).
+        """
+        return list(self._prev)
+
     def smoothed_moments(self) -> S.NoiseMoments:
         """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
         state = self.state

@@ -136,7 +136,11 @@ class _AdaptiveStateSaveable(KerasSaveable):
 
     def __init__(self, engine: AdaptiveEngine) -> None:
         self.name = "adabatch_state"
-        self._get_variables = lambda: [*engine.state.variables, *engine.policy.variables]
+        self._get_variables = lambda: {
+            **{f"state.{_key(v)}": v for v in engine.state.variables},
+            **{f"policy.{_key(v)}": v for v in engine.policy.variables},
+            **{f"carried.{i}": v for i, v in enumerate(engine.carried_buffers)},
+        }
 
     def _obj_type(self) -> str:
         # Keras's saving asks for the attributes to skip per object type right after
@@ -148,22 +152,27 @@ class _AdaptiveStateSaveable(KerasSaveable):
         return "AdaBatchState"
 
     def save_own_variables(self, store: Any) -> None:
-        for i, variable in enumerate(self._get_variables()):
-            store[str(i)] = variable.numpy()
+        for key, variable in self._get_variables().items():
+            store[key] = variable.numpy()
 
     def load_own_variables(self, store: Any) -> None:
-        keys = list(store.keys())
-        if not keys:
+        saved = set(store.keys())
+        if not saved:
             return  # a file saved without the adaptive state
         variables = self._get_variables()
-        if len(keys) != len(variables):
+        if saved != set(variables):
             raise ValueError(
-                f"The saved adaptive state has {len(keys)} variables; this engine and "
-                f"policy have {len(variables)}. Load it with the same policy type it "
-                "was saved with."
+                "The saved adaptive state does not fit this engine and policy: missing "
+                f"{sorted(set(variables) - saved)}, unexpected {sorted(saved - set(variables))}. "
+                "Load it with the same policy type and replica setup it was saved with."
             )
-        for i, variable in enumerate(variables):
-            variable.assign(store[str(i)])
+        for key, variable in variables.items():
+            variable.assign(store[key])
+
+
+def _key(variable: tf.Variable) -> str:
+    """A variable's name without scopes and suffix, e.g. `steps` (an H5 dataset name)."""
+    return variable.name.split("/")[-1].split(":")[0]
 
 
 def _patch_symbolic_build(model: keras.Model, strategy: tf.distribute.Strategy) -> None:

@@ -320,11 +320,15 @@ class Trainer:
     def checkpoint(self) -> tf.train.Checkpoint:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
+            extra = {}
+            if self.engine.carried_buffers:  # one replica, estimated similarity
+                extra["carried"] = self.engine.carried_buffers
             self._checkpoint = tf.train.Checkpoint(
                 model=self.engine.model,
                 optimizer=self.engine.optimizer,
                 adabatch=self.engine.state,
                 policy=self.engine.policy,
+                **extra,
             )
         return self._checkpoint
 
