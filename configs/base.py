@@ -4,8 +4,9 @@ r"""The shared defaults every config starts from (Fashion-MNIST CNN, SimiGrad + 
 
 Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
   seed                      data order and initialisation
-  deterministic             bit-reproducible ops (tf.config.experimental.enable_op_determinism;
-                            slower): a resumed run then ends exactly where an uninterrupted one does
+  deterministic             bit-reproducible ops (tf.config.experimental.enable_op_determinism,
+                            process-wide; slower): a resumed run then ends exactly where an
+                            uninterrupted one does
   dataset                   fashion_mnist | digits | synthetic
   model                     cnn | mlp
   strategy                  mirrored | one_device | multi_worker | tpu

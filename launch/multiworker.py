@@ -4,8 +4,8 @@ r"""Runs N workers of launch/train.py on this machine (127.0.0.1), for trying mu
         --config=configs/digits.py --workdir=workdir/digits_mw
 
 Each worker gets TF_CONFIG with the cluster (free loopback ports) and its index, and
-`--config.strategy=multi_worker` and the same --workdir; worker i writes its log to
-WORKDIR/worker-i.log (worker 0 also to this terminal). All workers are stopped if one
+`--config.strategy=multi_worker` and the same --workdir; worker i > 0 writes its log to
+WORKDIR/worker-i.log, worker 0 to this terminal. All workers are stopped if one
 fails or the timeout passes; the exit code is the first failing worker's. Worker 0 (the
 chief) writes checkpoints, TensorBoard logs and metrics into WORKDIR, worker i > 0 into
 WORKDIR/worker-i (MultiWorkerMirroredStrategy needs every worker to save); all resume

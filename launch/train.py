@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteGradientsError as err:
-        # The last checkpoint is the last good step (none is written while skipping).
+        # No checkpoint was written while steps were skipped: the last one predates them.
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
     except experiment.WorkerLostError as err:

@@ -114,6 +114,7 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
 
 def start_workers(workdir: Path, ports: list[int]) -> list[subprocess.Popen]:
     """launch/train.py on the synthetic config as 2 MultiWorkerMirroredStrategy workers."""
+    logs = workdir.parent
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for index in range(len(ports)):
@@ -131,23 +132,28 @@ def start_workers(workdir: Path, ports: list[int]) -> list[subprocess.Popen]:
             "--config.train.base_epochs=1.0",
             "--config.train.checkpoint_every_steps=5",
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
+        # Output to files, not pipes: a pipe nobody reads while waiting can fill and block.
+        paths = (logs / f"{workdir.name}-{index}.out", logs / f"{workdir.name}-{index}.err")
+        with open(paths[0], "w") as out, open(paths[1], "w") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        proc.logs = paths  # type: ignore[attr-defined]
+        procs.append(proc)
     return procs
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[tuple[int, str, str]]:
     """Waits for every worker (killing all on timeout): [(exit code, stderr, stdout)]."""
     try:
-        return [(p.wait(timeout=timeout), *p.communicate()[::-1]) for p in procs]
+        codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    return [
+        (code, p.logs[1].read_text(), p.logs[0].read_text())
+        for code, p in zip(codes, procs, strict=True)
+    ]
 
 
 def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupted_run(
@@ -170,7 +176,8 @@ def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupte
         code = procs[0].wait(timeout=TIMEOUT_S)
         waited = time.monotonic() - killed_at
     finally:
-        err = finish(procs, timeout=60)[0][1]
+        results = finish(procs, timeout=60)
+    err = results[0][1]
     # The survivor stops by itself, in bounded time, with one clear line (exit code 4).
     assert code == 4, err[-3000:]
     assert waited < 120, f"the survivor took {waited:.0f} s to stop"

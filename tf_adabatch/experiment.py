@@ -284,7 +284,7 @@ class _Checkpointing(keras.callbacks.Callback):
         step = int(logs.get("step", 0))
         self.evaluate(logs)
         # Never save while steps are being skipped: if the run stops on
-        # `NonFiniteGradientsError`, its last checkpoint is the last good step.
+        # `NonFiniteGradientsError`, its last checkpoint predates the skipped steps.
         if step % self.every == 0 and not logs.get("consecutive_skips", 0.0):
             self.manager.save(checkpoint_number=step)
 
@@ -303,7 +303,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     Raises:
       ConfigError: for a config value that breaks a rule.
       NonFiniteGradientsError: after `train.max_consecutive_skips` non-finite steps in
-        a row (the last checkpoint is then the last good step).
+        a row (no checkpoint is written while skipping: the last one predates them).
       WorkerLostError: multi-worker only, when another worker died (or the workers
         restored different checkpoints).
 
@@ -355,10 +355,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
             f"Resumed from {latest}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
         )
     multi_worker = bool(worker_name)
-    if multi_worker:
-        _check_same_checkpoint(
-            strategy, int(trainer.state.steps.numpy() + trainer.state.skipped_steps.numpy())
-        )
     samples = int(trainer.state.samples_seen.numpy())
     dataset_fn = pipeline.train_dataset_fn(
         x,
@@ -397,19 +393,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     remaining = None
     if config.train.max_steps is not None:
         remaining = max(0, config.train.max_steps - total_steps())
+    every = config.train.checkpoint_every_steps
+    restored = total_steps()  # the step of the checkpoint resumed from (0 for a new run)
     try:
+        if multi_worker:
+            _check_same_checkpoint(strategy, total_steps())
         trainer.fit(
             iterator,
             steps=remaining,
             until_progress=float(base_steps),
             summary_dir=os.path.join(outdir, "tensorboard", "train"),
-            callbacks=[_Checkpointing(manager, config.train.checkpoint_every_steps, evaluate)],
+            callbacks=[_Checkpointing(manager, every, evaluate)],
             verbose=verbose,
         )
-        if not (manager.latest_checkpoint or "").endswith(f"-{total_steps()}") and not int(
-            trainer.state.consecutive_skips.numpy()
-        ):
-            manager.save(checkpoint_number=total_steps())
+        # A final checkpoint unless the callback just took it; decided from the state
+        # alone, so that every worker decides alike (never while skipping).
+        done = total_steps()
+        if done % every and done != restored and not int(trainer.state.consecutive_skips.numpy()):
+            manager.save(checkpoint_number=done)
         result = evaluate_now()
     except _PEER_ERRORS as err:
         if not multi_worker:
