@@ -57,12 +57,14 @@ def test_every_tag_is_written_with_the_reported_values(tmp_path) -> None:
     assert layout_tags  # the custom-scalars layout was written
 
 
-def test_until_progress_stops_at_the_budget() -> None:
+def linear_trainer(base) -> tf_adabatch.Trainer:
+    """2 replicas x micro-batch 4, static batch 32, B0 = 8: the "linear" rule's progress
+    grows by S = 32 / 8 = 4 per step. `base`: the base learning rate or schedule."""
     strategy = get_strategy(2)
     model = mlp(strategy)
     with strategy.scope():
-        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(0.05, "linear"))
-    trainer = tf_adabatch.Trainer(
+        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(base, "linear"))
+    return tf_adabatch.Trainer(
         model,
         loss="mse",
         optimizer=optimizer,
@@ -71,6 +73,10 @@ def test_until_progress_stops_at_the_budget() -> None:
         policy=tf_adabatch.StaticPolicy(32),
         strategy=strategy,
     )
+
+
+def test_until_progress_stops_at_the_budget() -> None:
+    trainer = linear_trainer(0.05)
     x, y = regression_data(512)
     history = trainer.fit(global_micro_batches(x, y, 8).repeat(), until_progress=10.0, verbose=0)
     # "linear": tau grows by S = 32 / 8 = 4 per step: 4, 8, 12 -> three steps.
@@ -78,20 +84,7 @@ def test_until_progress_stops_at_the_budget() -> None:
 
 
 def test_default_budget_is_the_base_schedules_length() -> None:
-    strategy = get_strategy(2)
-    model = mlp(strategy)
-    with strategy.scope():
-        base = keras.optimizers.schedules.CosineDecay(0.05, decay_steps=18)
-        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(base, "linear"))
-    trainer = tf_adabatch.Trainer(
-        model,
-        loss="mse",
-        optimizer=optimizer,
-        micro_batch_size=4,
-        base_batch_size=8,
-        policy=tf_adabatch.StaticPolicy(32),
-        strategy=strategy,
-    )
+    trainer = linear_trainer(lambda: keras.optimizers.schedules.CosineDecay(0.05, decay_steps=18))
     x, y = regression_data(512)
     history = trainer.fit(global_micro_batches(x, y, 8).repeat(), verbose=0)
     assert history["progress"] == pytest.approx(

@@ -29,6 +29,25 @@ def make_trainer(replicas: int = 2, batch: int | None = None, **kwargs) -> tf_ad
     )
 
 
+def assert_refused(
+    match: str,
+    *,
+    exception: type[Exception] = ValueError,
+    strategy: tf.distribute.Strategy | None = None,
+    sgd: dict | None = None,
+    **trainer_kwargs,
+) -> None:
+    """A Trainer of the small MLP with SGD(0.1, **sgd), both built in `strategy` (2
+    mirrored replicas by default), must raise `exception` with a message matching `match`."""
+    strategy = strategy or get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1, **(sgd or {}))
+    args = {"loss": "mse", "optimizer": optimizer, "micro_batch_size": M} | trainer_kwargs
+    with pytest.raises(exception, match=match):
+        tf_adabatch.Trainer(model, strategy=strategy, **args)
+
+
 def data(replicas: int = 2, num: int = 512) -> tf.data.Dataset:
     x, y = regression_data(num)
     return global_micro_batches(x, y, replicas * M).repeat()
@@ -170,18 +189,7 @@ def test_dataset_running_out_ends_cleanly_and_discards_the_partial_step() -> Non
     ],
 )
 def test_bad_arguments_are_named_with_rule_and_value(kwargs, match) -> None:
-    strategy = get_strategy(2)
-    model = mlp(strategy)
-    with strategy.scope():
-        optimizer = keras.optimizers.SGD(0.1)
-    args = {
-        "loss": "mse",
-        "optimizer": optimizer,
-        "micro_batch_size": M,
-        "strategy": strategy,
-    } | kwargs
-    with pytest.raises(ValueError, match=match):
-        tf_adabatch.Trainer(model, **args)
+    assert_refused(match, **kwargs)
 
 
 def test_one_replica_exact_mode_needs_two_micro_steps() -> None:
@@ -229,14 +237,7 @@ def test_set_batch_size_validates() -> None:
 
 
 def test_optimizer_with_keras_gradient_accumulation_is_refused() -> None:
-    strategy = get_strategy(2)
-    model = mlp(strategy)
-    with strategy.scope():
-        optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
-        tf_adabatch.Trainer(
-            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
-        )
+    assert_refused("gradient_accumulation_steps=2", sgd={"gradient_accumulation_steps": 2})
 
 
 def test_per_replica_dataset_function() -> None:
@@ -254,17 +255,10 @@ def test_per_replica_dataset_function() -> None:
 
 
 def test_static_loss_scale_factor_is_refused_with_the_alternative() -> None:
-    strategy = get_strategy(2)
-    model = mlp(strategy)
-    with strategy.scope():
-        optimizer = keras.optimizers.SGD(0.1, loss_scale_factor=128.0)
-    with pytest.raises(
-        ValueError,
-        match=r"static `loss_scale_factor` .* not supported .*LossScaleOptimizer.*Received: loss_scale_factor=128.0",
-    ):
-        tf_adabatch.Trainer(
-            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
-        )
+    assert_refused(
+        r"static `loss_scale_factor` .* not supported .*LossScaleOptimizer.*Received: loss_scale_factor=128.0",
+        sgd={"loss_scale_factor": 128.0},
+    )
 
 
 def test_evaluate_is_exact_with_an_uneven_last_batch() -> None:
@@ -296,31 +290,22 @@ def test_evaluate_is_exact_with_an_uneven_last_batch() -> None:
 
 
 def test_unsupported_strategy_is_refused_by_name() -> None:
-    strategy = tf.distribute.experimental.CentralStorageStrategy()
-    model = mlp(strategy)
-    with strategy.scope():
-        optimizer = keras.optimizers.SGD(0.1)
-    with pytest.raises(
-        ValueError,
-        match=r"Argument `strategy` must be a synchronous data-parallel strategy .* Received: strategy=CentralStorageStrategy",
-    ):
-        tf_adabatch.Trainer(
-            model, loss="mse", optimizer=optimizer, micro_batch_size=M, strategy=strategy
-        )
+    assert_refused(
+        r"Argument `strategy` must be a synchronous data-parallel strategy .* Received: strategy=CentralStorageStrategy",
+        strategy=tf.distribute.experimental.CentralStorageStrategy(),
+    )
 
 
 def test_engine_only_arguments_and_the_loss_type_are_validated() -> None:
+    assert_refused(
+        r"Argument `loss` must be a Keras `Loss`, a loss name or a callable .* Received: loss=42",
+        exception=TypeError,
+        loss=42,
+    )
     strategy = get_strategy(2)
     model = mlp(strategy)
     with strategy.scope():
         optimizer = keras.optimizers.SGD(0.1)
-    with pytest.raises(
-        TypeError,
-        match=r"Argument `loss` must be a Keras `Loss`, a loss name or a callable .* Received: loss=42",
-    ):
-        tf_adabatch.Trainer(
-            model, loss=42, optimizer=optimizer, micro_batch_size=M, strategy=strategy
-        )
     with pytest.raises(
         ValueError, match=r"Argument `min_variance` must be >= 0. Received: min_variance=-1.0"
     ):
