@@ -84,7 +84,7 @@ def test_until_progress_stops_at_the_budget() -> None:
 
 
 def test_default_budget_is_the_base_schedules_length() -> None:
-    trainer = linear_trainer(lambda: keras.optimizers.schedules.CosineDecay(0.05, decay_steps=18))
+    trainer = linear_trainer(keras.optimizers.schedules.CosineDecay(0.05, decay_steps=18))
     x, y = regression_data(512)
     history = trainer.fit(global_micro_batches(x, y, 8).repeat(), verbose=0)
     assert history["progress"] == pytest.approx(
