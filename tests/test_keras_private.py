@@ -164,3 +164,21 @@ def test_saving_walks_a_models_keras_saveable_attributes_with_registered_skip_se
     model._probe.value = np.zeros(3)
     model.load_weights(path)
     np.testing.assert_array_equal(model._probe.value, [0.0, 1.0, 2.0])
+
+
+def test_keras_variables_are_backed_by_a_tf_variable_in_value() -> None:
+    """The engine's roll-back copies a Keras variable through the `tf.Variable` in its
+    `value` (per device under a strategy: a distributed variable's components)."""
+    from tf_adabatch.engine import _tf_variable
+
+    strategy = get_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization()])
+    checked = 0
+    for variable in model.variables:
+        backing = _tf_variable(variable)
+        assert isinstance(backing, tf.distribute.DistributedValues)
+        assert len(strategy.experimental_local_results(backing)) == 2
+        np.testing.assert_array_equal(backing.numpy(), variable.numpy())
+        checked += 1
+    assert checked == 4  # gamma, beta, moving mean, moving variance

@@ -11,6 +11,11 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
     statistics (cross-replica context) moments, moving averages, gain, similarity
     apply (cross-replica tf.cond)      the Keras optimizer applies gbar, with its own
                                         all-reduce bypassed; skipped if not finite
+    roll-back (cross-replica tf.cond)  a skipped step (non-finite gradients, or an
+                                        update that left a weight or slot non-finite)
+                                        restores what the step wrote, from copies
+                                        taken at its start (BatchNormalization
+                                        statistics included)
     policy (cross-replica context)     the next batch size, as accumulation steps k
 
 k is read from a variable, so changing it never retraces. The engine is written once
@@ -126,6 +131,72 @@ def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     return strategy.experimental_local_results(value)[0]
 
 
+def _tf_variable(variable: Any) -> Any:
+    """The `tf.Variable` behind a Keras variable (itself for a `tf.Variable`).
+
+    Keras 3's TensorFlow backend keeps it as the variable's `value` (outside an
+    autocast scope); pinned by tests/test_keras_private.py.
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if not isinstance(value, tf.Variable):
+        raise TypeError(
+            f"Expected a Keras or TensorFlow variable backed by a `tf.Variable`. Received: {variable!r}"
+        )
+    return value
+
+
+class _Snapshot:
+    """Copies of a set of variables, taken and restored device by device.
+
+    A backup is created beside each variable with the same synchronization and
+    aggregation, so that `strategy.experimental_local_results` pairs their per-device
+    components; `save` and `restore` copy component to component on each device (no
+    cross-device traffic, no synchronisation point: safe inside a cross-replica
+    `tf.cond`). Called in cross-replica context, inside `tf.function`.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, variables: list[Any], name: str) -> None:
+        unique: dict[int, Any] = {}
+        for v in variables:
+            tv = _tf_variable(v)
+            unique.setdefault(id(tv), tv)
+        self.variables = list(unique.values())
+        self._pairs: list[tuple[Any, Any]] = []
+        with strategy.scope():
+            for i, tv in enumerate(self.variables):
+                backup = tf.Variable(
+                    tf.zeros(tv.shape, tv.dtype),
+                    name=f"{name}_{i}",
+                    trainable=False,
+                    synchronization=tv.synchronization,
+                    aggregation=tv.aggregation,
+                )
+                sources = strategy.experimental_local_results(tv)
+                copies = strategy.experimental_local_results(backup)
+                if len(sources) != len(copies):  # pragma: no cover - a strategy invariant
+                    raise RuntimeError(f"Cannot pair the components of {tv.name}.")
+                self._pairs.extend(zip(sources, copies, strict=True))
+
+    def save(self) -> None:
+        for source, copy in self._pairs:
+            copy.assign(source)
+
+    def restore(self) -> None:
+        for source, copy in self._pairs:
+            source.assign(copy)
+
+    def all_finite(self) -> tf.Tensor:
+        """Whether every floating-point variable holds only finite values (first copy)."""
+        checks = [
+            tf.reduce_all(tf.math.is_finite(tv.read_value()))
+            for tv in self.variables
+            if tv.dtype.is_floating
+        ]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
 class AdaptiveEngine:
     """The distributed adaptive training step, shared by every front door.
 
@@ -152,6 +223,14 @@ class AdaptiveEngine:
       max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
         (non-finite) steps in a row; None never stops.
       strategy: defaults to the current `tf.distribute` strategy.
+
+    Skipped steps: a step is skipped when its gradients or loss are not finite, or
+    when its update leaves any weight, optimizer slot or model variable non-finite.
+    A skipped step changes no weight, slot, model variable (BatchNormalization's
+    moving statistics, seed generators), statistic, average, progress or batch size:
+    what it wrote is restored from copies taken at the start of every step (one copy
+    of the model's and the optimizer's variables per device). Only the skip counters
+    and `samples_seen` move.
 
     Groups: micro-gradient i of replica r belongs to group A if (i*N + r) is even. With
     an even number of replicas N this is "even replicas vs odd replicas" (SimiGrad's
@@ -290,6 +369,23 @@ class AdaptiveEngine:
                 )
                 self.lr_schedule = schedule
         self.trace_count = 0
+        # A skipped step changes nothing: the forward passes may have written the
+        # model's non-trainable variables (BatchNormalization statistics, seed
+        # generators) and the apply may have produced non-finite weights or slots
+        # (e.g. an infinite learning rate). Both are restored from copies taken at the
+        # start of the step. The model's copies are restored on every skip; the
+        # optimizer's and the adaptive state's only when the *update* was not finite
+        # (on a non-finite gradient, a loss-scale optimizer lowers its scale, which
+        # must stick).
+        self._model_snapshot = _Snapshot(
+            self.strategy, [*model.variables, *self._prev], "adabatch_model_backup"
+        )
+        optimizer_variables = [v for opt in _optimizer_chain(optimizer) for v in opt.variables]
+        self._update_snapshot = _Snapshot(
+            self.strategy,
+            [*optimizer_variables, *self.state.variables],
+            "adabatch_update_backup",
+        )
 
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
         self._micro_fn = wrap(self._micro_step)
@@ -356,8 +452,8 @@ class AdaptiveEngine:
         limit = self.max_consecutive_skips
         if limit is not None and int(self.state.consecutive_skips.numpy()) >= limit:
             raise NonFiniteGradientsError(
-                f"{limit} optimizer steps in a row had non-finite gradients (NaN or inf) and "
-                "were skipped; stopping. Weights, optimizer and adaptive state are those of "
+                f"{limit} optimizer steps in a row had non-finite gradients or updates (NaN or "
+                "inf) and were skipped; stopping. Weights, optimizer and adaptive state are those of "
                 f"the last good step ({int(self.state.steps.numpy())} applied). Check the "
                 "data, the learning rate and the loss; raise `max_consecutive_skips` to "
                 "tolerate more."
@@ -522,6 +618,8 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
+        self._model_snapshot.save()
+        self._update_snapshot.save()
         for i in tf.range(k):
             strategy.run(self._micro_fn, args=(next(iterator), i))
         per_replica, gbar = strategy.run(self._reduce_fn)
@@ -538,8 +636,26 @@ class AdaptiveEngine:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-        logs.update(self._advance(finite, k, logs))
+        # Applied only if the gradients were finite AND the update left every weight,
+        # slot and model statistic finite; otherwise roll the step back.
+        update_ok = self._model_snapshot.all_finite() & self._update_snapshot.all_finite()
+        applied = finite & update_ok
+        tf.cond(applied, lambda: None, self._model_snapshot.restore)
+        tf.cond(finite & ~update_ok, self._update_snapshot.restore, lambda: None)
+        logs.update(self._refreshed_statistics(logs))
+        logs.update(self._advance(applied, k, logs))
         return logs
+
+    def _refreshed_statistics(self, logs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The logged statistics as the state holds them after a possible roll-back."""
+        grad_sqr, trace = self.smoothed_moments()
+        return {
+            "gain": self.state.gain.read_value(),
+            "similarity": self.state.similarity.read_value(),
+            "noise_scale": S.noise_scale(grad_sqr, trace),
+            "grad_sqr": grad_sqr,
+            "grad_var": trace / float(self.base_batch_size),
+        }
 
     def _update_statistics(
         self, step: dict[str, tf.Tensor], k: tf.Tensor

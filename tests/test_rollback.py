@@ -1,0 +1,162 @@
+"""A skipped optimizer step changes nothing, and a step whose update is not finite is skipped.
+
+Two ways a step can leave damage although it is "skipped":
+- the forward passes of its micro-steps write the model's non-trainable variables
+  (BatchNormalization's moving statistics, a Dropout's seed generator) before anyone
+  knows the gradients are NaN;
+- the gradients are finite but the update is not (an infinite learning rate, an
+  overflow in the optimizer), so the weights or the optimizer's slots become
+  non-finite and a checkpoint taken afterwards would hold them.
+
+The engine copies those variables at the start of every step and restores them when
+the step is skipped. These tests compare every variable bit for bit with its value
+before the step, and first show that the step really writes them when it is applied
+(so the comparisons can fail).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_adabatch
+
+from conftest import get_strategy
+from helpers import global_micro_batches, regression_data
+
+M = 4
+
+
+def bn_model(strategy: tf.distribute.Strategy) -> keras.Model:
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8),
+                keras.layers.BatchNormalization(momentum=0.5),
+                keras.layers.Activation("tanh"),
+                keras.layers.Dropout(0.2, seed=3),
+                keras.layers.Dense(3),
+            ]
+        )
+
+
+def snapshot(trainer: tf_adabatch.Trainer) -> dict[str, np.ndarray]:
+    """Every variable of the model (trainable or not), the optimizer and the state."""
+    engine = trainer.engine
+    values = {f"model/{v.path}": np.array(v.numpy()) for v in engine.model.variables}
+    values.update({f"opt/{v.path}": np.array(v.numpy()) for v in engine.optimizer.variables})
+    values.update({f"state/{v.name}": np.array(v.numpy()) for v in engine.state.variables})
+    values.update({f"policy/{v.name}": np.array(v.numpy()) for v in engine.policy.variables})
+    return values
+
+
+def assert_unchanged(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> int:
+    """Bit-identical except the skip counters and samples_seen; returns how many compared."""
+    counters = ("skipped_steps", "consecutive_skips", "samples_seen")
+    compared = 0
+    assert set(before) == set(after)
+    for name, value in before.items():
+        if any(c in name for c in counters):
+            continue
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+        compared += 1
+    return compared
+
+
+def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray], part: str) -> list[str]:
+    return [
+        n for n in before if part in n and not np.array_equal(before[n], after[n], equal_nan=True)
+    ]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_nan_micro_batch_leaves_batchnorm_statistics_and_everything_else_bit_identical(
+    replicas: int,
+) -> None:
+    strategy = get_strategy(replicas)
+    k = 2
+    step = replicas * M * k
+    x, y = regression_data(4 * step)
+    x[step + 1, 0] = np.nan  # step 2, first micro-batch of replica 0
+    model = bn_model(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=M,
+        policy=tf_adabatch.SimiGradPolicy(
+            0.5, initial_batch_size=step, min_batch_size=step, max_batch_size=4 * step
+        ),
+        similarity="exact" if replicas > 1 else "estimated",
+        strategy=strategy,
+    )
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, replicas * M)))
+    first = snapshot(trainer)
+    assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0
+    before = snapshot(trainer)
+    # An applied step writes the moving statistics, the seed generator and the
+    # weights: the comparisons below can fail.
+    assert len(changed(first, before, "moving_")) == 2
+    assert changed(first, before, "seed_generator")
+    assert changed(first, before, "kernel")
+    seen, batch = int(trainer.state.samples_seen.numpy()), trainer.batch_size
+    assert seen + batch > step + 1  # the NaN example falls into the next step
+    logs = trainer.engine.train_step(iterator)  # the NaN micro-batch
+    assert float(logs["applied"]) == 0.0
+    after = snapshot(trainer)
+    assert assert_unchanged(before, after) == len(before) - 3
+    assert int(trainer.state.skipped_steps.numpy()) == 1
+    assert int(trainer.state.samples_seen.numpy()) == seen + batch
+    assert trainer.batch_size == batch  # the policy did not move
+    # Evaluation stays finite (it uses the moving statistics).
+    y_pred = model(x[:8], training=False)
+    assert np.isfinite(y_pred.numpy()).all()
+    assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0  # trains on
+
+
+def test_an_update_that_makes_the_weights_non_finite_is_rolled_back() -> None:
+    """lr = inf: the gradients are finite, the updated weights and slots are not."""
+    strategy = get_strategy(2)
+    step = 2 * M * 2
+    x, y = regression_data(8 * step)
+    model = bn_model(strategy)
+    lr = tf.Variable(0.05, dtype=tf.float32, trainable=False)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(lambda: lr, momentum=0.9)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=M,
+        policy=tf_adabatch.StaticPolicy(step),
+        max_consecutive_skips=3,
+        strategy=strategy,
+    )
+    engine = trainer.engine
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, 2 * M)))
+    first = snapshot(trainer)
+    assert float(engine.train_step(iterator)["applied"]) == 1.0
+    before = snapshot(trainer)
+    # An applied step moves the weights, the momentum slots, the iteration counter and
+    # the statistics: the comparison below can fail.
+    assert changed(first, before, "kernel")
+    assert changed(first, before, "momentum")
+    assert changed(first, before, "iteration")
+    assert changed(first, before, "ema_weight")
+    lr.assign(float("inf"))
+    logs = engine.train_step(iterator)
+    assert float(logs["applied"]) == 0.0
+    after = snapshot(trainer)
+    assert assert_unchanged(before, after) == len(before) - 3
+    assert float(logs["gain"]) == float(before["state/adabatch_state/gain:0"])
+    with pytest.raises(tf_adabatch.NonFiniteGradientsError, match="3 optimizer steps in a row"):
+        trainer.fit(iterator, steps=5, verbose=0)
+    assert assert_unchanged(before, snapshot(trainer)) == len(before) - 3
+    lr.assign(0.05)
+    assert float(engine.train_step(iterator)["applied"]) == 1.0  # recovers
