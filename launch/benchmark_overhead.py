@@ -11,6 +11,9 @@ any per-step overhead weighs most):
   exact      the AdaptiveEngine, exact group similarity (stacked [A, B] all-reduce)
   fit        stock Keras: the compiled `model.fit` step (`model.train_function`, what
              `fit` calls once per batch), loss tracking included
+  estimated_no_rollback
+             estimated, with the roll-back's per-step copies of the model's and the
+             optimizer's variables switched off: their cost is estimated / this
 
 The variants run in interleaved rounds (plain, estimated, exact, plain, ...) so that a
 noisy, shared machine slows them alike; the script prints each variant's median step
@@ -129,6 +132,23 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
             strategy=strategy,
         )
         steps[mode] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
+    # The roll-back's share: estimated mode with the per-step copies (and their
+    # finiteness check) switched off on this one engine, before its first trace.
+    with strategy.scope():
+        m = build_model(model_kind)
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+    trainer = tf_adabatch.Trainer(
+        m,
+        loss=loss,
+        optimizer=opt,
+        micro_batch_size=FLAGS.micro_batch,
+        similarity="estimated",
+        strategy=strategy,
+    )
+    for snapshot in (trainer.engine._model_snapshot, trainer.engine._update_snapshot):
+        snapshot.save = snapshot.restore = lambda: None
+        snapshot.all_finite = lambda: tf.constant(True)
+    steps["estimated_no_rollback"] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
     with strategy.scope():
         stock = build_model(model_kind)
         stock.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
@@ -167,7 +187,7 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
             f"| {name} | {1e3 * med:.1f} | {1e3 * min(times):.1f}-{1e3 * max(times):.1f} | {med / base:.3f} |"
         )
     # Paired ratios: within each round, so drifts of the machine cancel.
-    for name in ("estimated", "exact", "fit"):
+    for name in ("estimated", "exact", "fit", "estimated_no_rollback"):
         ratios = [t / p for t, p in zip(per_round[name], per_round["plain"], strict=True)]
         print(
             f"{name}/plain paired per round: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"

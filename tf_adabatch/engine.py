@@ -214,9 +214,11 @@ class AdaptiveEngine:
         Defaults to the policy's initial batch size.
       policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
       similarity: "exact" (the two groups' gradients, one stacked all-reduce) or
-        "estimated" (from the scalar moments, no extra communication).
-      ema_decay: decay of the moving averages; `None` uses fairscale's
-        max(1 - n/1000, 0) with n the micro-gradients of the step.
+        "estimated" (from the step's own scalar moments, no extra communication;
+        like the exact cosine, a per-step reading with no memory).
+      ema_decay: decay of the moving averages behind the gain and the noise scale
+        (not the similarity); `None` uses fairscale's max(1 - n/1000, 0) with n the
+        micro-gradients of the step.
       min_variance: per-step floor of tr(Sigma)/B0 (fairscale's 1e-6).
       jit_compile: XLA-compile the replica functions (the micro-step always; the
         reduce and apply steps too on a single replica).
@@ -680,6 +682,10 @@ class AdaptiveEngine:
             )
             valid = valid | has_prev
             state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
+        # The similarity reads this step's own moments (unclipped): like exact mode's
+        # per-step cosine it has no memory, so the batch follows a change of the noise
+        # at once instead of lagging behind the gain's long moving averages.
+        step_similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)
         moments = S.clip_moments(moments, b0, self.min_variance)
         decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
         update = finite & valid
@@ -698,7 +704,7 @@ class AdaptiveEngine:
         if self.similarity_mode == "exact":
             similarity = S.cosine_similarity(step["dot_ab"], step["sq_a"], step["sq_b"])
         else:
-            similarity = S.estimated_similarity(grad_sqr, trace, batch)
+            similarity = step_similarity
         state.gain.assign(tf.where(finite, gain, state.gain))
         state.similarity.assign(tf.where(finite, similarity, state.similarity))
         logs = {

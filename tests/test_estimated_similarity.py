@@ -1,0 +1,107 @@
+"""Estimated similarity behaves like exact similarity: same mean, no lag.
+
+The problem has a closed-form gradient distribution. A linear model without bias and the
+loss "sum of the outputs" give each example the gradient x itself (d(w.x)/dw = x), so
+with x ~ N(mu, s^2 I) in d dimensions:
+
+    G = mu,   tr(Sigma) = d s^2,
+
+whatever the weights (the problem is stationary under any learning rate). Two
+independent halves of a batch B are g_A, g_B ~ N(mu, (2 s^2 / B) I), and their cosine
+concentrates (d large) around
+
+    c* = |mu|^2 / (|mu|^2 + 2 d s^2 / B),
+
+which the tests also check with a Monte Carlo estimate of E[cos(g_A, g_B)] in numpy.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tf_adabatch
+
+from conftest import get_strategy
+from helpers import sum_of_outputs
+
+D = 512  # parameters
+M = 4  # micro-batch per replica
+REPLICAS = 2
+K = 4  # micro-steps per replica
+B = REPLICAS * M * K  # 32
+MU = np.full(D, 0.25)  # |mu|^2 = 32 = 2 d s^2 / B with s = 1: c* = 1/2
+
+
+def closed_form(s: float) -> float:
+    g2 = float(MU @ MU)
+    return g2 / (g2 + 2 * D * s**2 / B)
+
+
+def monte_carlo(s: float, draws: int = 4000, seed: int = 1) -> float:
+    rng = np.random.default_rng(seed)
+    half = np.sqrt(2.0 / B) * s
+    a = MU + half * rng.normal(size=(draws, D))
+    b = MU + half * rng.normal(size=(draws, D))
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return float(cos.mean())
+
+
+def similarities(mode: str, sigmas: list[float], steps_each: int) -> np.ndarray:
+    """The engine's per-step similarity over `steps_each` steps at each noise level."""
+    strategy = get_strategy(REPLICAS)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([MU + s * rng.normal(size=(steps_each * B, D)) for s in sigmas]).astype(
+        "float32"
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
+        optimizer = keras.optimizers.SGD(0.01)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss=sum_of_outputs,
+        optimizer=optimizer,
+        micro_batch_size=M,
+        policy=tf_adabatch.StaticPolicy(B),
+        similarity=mode,
+        strategy=strategy,
+    )
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros((len(x), 1), "float32")))
+    history = trainer.fit(
+        data.batch(REPLICAS * M, drop_remainder=True), steps=len(sigmas) * steps_each, verbose=0
+    )
+    assert history["batch_size"] == [float(B)] * (len(sigmas) * steps_each)
+    return np.array(history["similarity"])
+
+
+def test_stationary_mean_matches_exact_mode_and_the_closed_form() -> None:
+    steps = 150
+    exact = similarities("exact", [1.0], steps)
+    estimated = similarities("estimated", [1.0], steps)
+    reference = monte_carlo(1.0)
+    assert abs(reference - closed_form(1.0)) < 0.01  # d = 512 is "high dimension"
+    # Standard error of a mean of 150 per-step values: about 0.05 / sqrt(150) = 0.004.
+    assert abs(exact.mean() - reference) < 0.015
+    assert abs(estimated.mean() - exact.mean()) < 0.01
+    # Per-step spreads, reported (both are single-step readings of the noise).
+    print(f"exact: mean {exact.mean():.4f} std {exact.std():.4f}")
+    print(f"estimated: mean {estimated.mean():.4f} std {estimated.std():.4f}")
+    assert 0.0 < estimated.std() < 0.2 and 0.0 < exact.std() < 0.2
+
+
+def test_follows_an_abrupt_change_of_the_noise_within_ten_steps() -> None:
+    """s jumps from 1 to 3 at step 100: c* falls from 1/2 to 32 / (32 + 288) = 0.1.
+
+    Ten steps after the jump, both modes read the new level (mean of steps 110-149
+    within 0.03 of the Monte Carlo value). The moving averages behind the gain have
+    a memory of ~1/(1 - decay) = 125 steps here (fairscale's decay 1 - n/1000 with
+    n = 8 micro-gradients), so a similarity read from them would still be far above."""
+    before, after = 100, 50
+    settle = 10
+    expected = monte_carlo(3.0)
+    assert abs(expected - closed_form(3.0)) < 0.01
+    for mode in ("exact", "estimated"):
+        values = similarities(mode, [1.0, 3.0], before)[: before + after]
+        assert abs(values[:before].mean() - monte_carlo(1.0)) < 0.02, mode
+        assert abs(values[before + settle :].mean() - expected) < 0.03, mode
