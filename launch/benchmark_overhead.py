@@ -145,9 +145,11 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
         similarity="estimated",
         strategy=strategy,
     )
-    for snapshot in (trainer.engine._model_snapshot, trainer.engine._update_snapshot):
-        snapshot.save = snapshot.restore = lambda: None
-        snapshot.all_finite = lambda: tf.constant(True)
+    rollback = trainer.engine._rollback
+    rollback.save = lambda: []
+    rollback.restore_local = lambda: None
+    rollback.restore_mirrored = lambda saved: None
+    rollback.all_finite = lambda: tf.constant(True)
     steps["estimated_no_rollback"] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
     with strategy.scope():
         stock = build_model(model_kind)

@@ -147,25 +147,35 @@ def _tf_variable(variable: Any) -> Any:
     return value
 
 
-class _Snapshot:
-    """Copies of a set of variables, taken and restored device by device.
+class _Rollback:
+    """What one optimizer step may write, saved at its start so that a skip undoes it.
 
-    A backup is created beside each variable with the same synchronization and
-    aggregation, so that `strategy.experimental_local_results` pairs their per-device
-    components; `save` and `restore` copy component to component on each device (no
-    cross-device traffic, no synchronisation point: safe inside a cross-replica
-    `tf.cond`). Called in cross-replica context, inside `tf.function`.
+    Two kinds of variables, saved two ways (called in cross-replica context, inside
+    `tf.function`):
+    - `local`: variables whose per-device copies may differ (BatchNormalization's
+      moving statistics, which Keras updates per replica; seed generators; per-replica
+      buffers). Each device's copy is copied into a backup beside it, created with the
+      same synchronization so that `strategy.experimental_local_results` pairs their
+      components: no cross-device traffic, no synchronisation point.
+    - `mirrored`: variables kept identical on every device (trainable weights,
+      optimizer slots, the adaptive state). `save` returns their values as tensors
+      (one read each); `restore` assigns them back to every device, which happens only
+      on a roll-back.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, variables: list[Any], name: str) -> None:
-        unique: dict[int, Any] = {}
-        for v in variables:
-            tv = _tf_variable(v)
-            unique.setdefault(id(tv), tv)
-        self.variables = list(unique.values())
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        *,
+        local: list[Any],
+        mirrored: list[Any],
+        name: str,
+    ) -> None:
+        self.local = _unique(local)
+        self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
         self._pairs: list[tuple[Any, Any]] = []
         with strategy.scope():
-            for i, tv in enumerate(self.variables):
+            for i, tv in enumerate(self.local):
                 backup = tf.Variable(
                     tf.zeros(tv.shape, tv.dtype),
                     name=f"{name}_{i}",
@@ -176,25 +186,38 @@ class _Snapshot:
                 sources = strategy.experimental_local_results(tv)
                 copies = strategy.experimental_local_results(backup)
                 if len(sources) != len(copies):  # pragma: no cover - a strategy invariant
-                    raise RuntimeError(f"Cannot pair the components of {tv.name}.")
+                    raise RuntimeError(f"Cannot pair the per-device copies of {tv.name}.")
                 self._pairs.extend(zip(sources, copies, strict=True))
 
-    def save(self) -> None:
+    def save(self) -> list[tf.Tensor]:
         for source, copy in self._pairs:
             copy.assign(source)
+        return [v.read_value() for v in self.mirrored]
 
-    def restore(self) -> None:
+    def restore_local(self) -> None:
         for source, copy in self._pairs:
             source.assign(copy)
 
+    def restore_mirrored(self, saved: list[tf.Tensor]) -> None:
+        for variable, value in zip(self.mirrored, saved, strict=True):
+            variable.assign(value)
+
     def all_finite(self) -> tf.Tensor:
-        """Whether every floating-point variable holds only finite values (first copy)."""
+        """Whether every floating-point variable holds only finite values (every copy
+        of the local ones, the first copy of the mirrored ones)."""
+        values = [source for source, _ in self._pairs] + self.mirrored
         checks = [
-            tf.reduce_all(tf.math.is_finite(tv.read_value()))
-            for tv in self.variables
-            if tv.dtype.is_floating
+            tf.reduce_all(tf.math.is_finite(v.read_value())) for v in values if v.dtype.is_floating
         ]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _unique(variables: list[Any]) -> list[Any]:
+    unique: dict[int, Any] = {}
+    for v in variables:
+        tv = _tf_variable(v)
+        unique.setdefault(id(tv), tv)
+    return list(unique.values())
 
 
 class AdaptiveEngine:
@@ -379,14 +402,16 @@ class AdaptiveEngine:
         # optimizer's and the adaptive state's only when the *update* was not finite
         # (on a non-finite gradient, a loss-scale optimizer lowers its scale, which
         # must stick).
-        self._model_snapshot = _Snapshot(
-            self.strategy, [*model.variables, *self._prev], "adabatch_model_backup"
-        )
+        trainable = {id(_tf_variable(v)) for v in model.trainable_variables}
         optimizer_variables = [v for opt in _optimizer_chain(optimizer) for v in opt.variables]
-        self._update_snapshot = _Snapshot(
+        self._rollback = _Rollback(
             self.strategy,
-            [*optimizer_variables, *self.state.variables],
-            "adabatch_update_backup",
+            local=[
+                *(v for v in model.variables if id(_tf_variable(v)) not in trainable),
+                *self._prev,
+            ],
+            mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
+            name="adabatch_backup",
         )
 
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
@@ -620,8 +645,7 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
-        self._model_snapshot.save()
-        self._update_snapshot.save()
+        saved = self._rollback.save()
         for i in tf.range(k):
             strategy.run(self._micro_fn, args=(next(iterator), i))
         per_replica, gbar = strategy.run(self._reduce_fn)
@@ -640,10 +664,14 @@ class AdaptiveEngine:
             self._bypass.active = False
         # Applied only if the gradients were finite AND the update left every weight,
         # slot and model statistic finite; otherwise roll the step back.
-        update_ok = self._model_snapshot.all_finite() & self._update_snapshot.all_finite()
+        update_ok = self._rollback.all_finite()
         applied = finite & update_ok
-        tf.cond(applied, lambda: None, self._model_snapshot.restore)
-        tf.cond(finite & ~update_ok, self._update_snapshot.restore, lambda: None)
+        # Any skip: the forward passes' writes (BatchNormalization statistics...).
+        tf.cond(applied, lambda: None, self._rollback.restore_local)
+        # A finite gradient with a non-finite update: weights, slots and the state the
+        # statistics wrote. (On a non-finite gradient nothing was applied, and a
+        # loss-scale optimizer's lowered scale must stick.)
+        tf.cond(finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None)
         logs.update(self._refreshed_statistics(logs))
         logs.update(self._advance(applied, k, logs))
         return logs
