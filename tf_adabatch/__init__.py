@@ -13,6 +13,7 @@ from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
 from tf_adabatch.fit import attach
 from tf_adabatch.policies import (
     BatchPolicy,
+    GoodputPolicy,
     NoiseScalePolicy,
     SchedulePolicy,
     SimiGradPolicy,
@@ -21,6 +22,7 @@ from tf_adabatch.policies import (
 )
 from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
+from tf_adabatch.throughput import ThroughputModel
 from tf_adabatch.trainer import Trainer
 
 __version__ = "0.1.0"
@@ -32,6 +34,7 @@ __all__ = [
     "AdaptiveLearningRate",
     "AdaptiveState",
     "BatchPolicy",
+    "GoodputPolicy",
     "NoiseScalePolicy",
     "NonFiniteGradientsError",
     "ProgressBudget",
@@ -39,6 +42,7 @@ __all__ = [
     "SimiGradPolicy",
     "StaticPolicy",
     "StepStats",
+    "ThroughputModel",
     "Trainer",
     "attach",
     "stats",

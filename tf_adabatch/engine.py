@@ -24,6 +24,7 @@ and serves the custom loop (`tf_adabatch.Trainer`) and, later, `model.fit`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +32,7 @@ import keras
 import tensorflow as tf
 
 from tf_adabatch import stats as S
-from tf_adabatch.policies import BatchPolicy, StaticPolicy, StepStats
+from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
@@ -470,14 +471,22 @@ class AdaptiveEngine:
           A dict of scalar tensors: loss, batch_size, accumulation_steps, gain,
           similarity, noise_scale, grad_sqr, grad_var, learning_rate, progress,
           samples_seen, skipped_steps, applied (1.0 or 0.0), step (optimizer steps
-          taken, skipped ones included), consecutive_skips.
+          taken, skipped ones included), consecutive_skips; and, timed on the host
+          (NaN for a step that traced): step_time (seconds), examples_per_second,
+          progress_per_second (base-batch steps per second).
 
         Raises:
           NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
         """
+        progress_before = float(self.state.progress.numpy())
+        traces = self.trace_count
+        start = time.perf_counter()
         logs = self._step_fn(iterator)
+        consecutive_skips = int(self.state.consecutive_skips.numpy())  # waits for the step
+        seconds = time.perf_counter() - start
+        logs.update(self._timing(logs, seconds, progress_before, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
-        if limit is not None and int(self.state.consecutive_skips.numpy()) >= limit:
+        if limit is not None and consecutive_skips >= limit:
             raise NonFiniteGradientsError(
                 f"{limit} optimizer steps in a row had non-finite gradients or updates (NaN or "
                 "inf) and were skipped; stopping. Weights, optimizer and adaptive state are those of "
@@ -486,6 +495,25 @@ class AdaptiveEngine:
                 "tolerate more."
             )
         return logs
+
+    def _timing(
+        self, logs: dict[str, tf.Tensor], seconds: float, progress_before: float, *, traced: bool
+    ) -> dict[str, tf.Tensor]:
+        """Host-side timing of the step just taken (NaN for a step that traced).
+
+        Feeds a `GoodputPolicy`'s throughput model with (k, seconds) of every applied
+        step that did not trace.
+        """
+        if traced:
+            seconds = float("nan")
+        elif float(logs["applied"]) and isinstance(self.policy, GoodputPolicy):
+            self.policy.throughput.observe(int(logs["accumulation_steps"]), seconds)
+        progress = float(logs["progress"]) - progress_before
+        return {
+            "step_time": tf.constant(seconds, _F64),
+            "examples_per_second": tf.constant(float(logs["batch_size"]) / seconds, _F64),
+            "progress_per_second": tf.constant(progress / seconds, _F64),
+        }
 
     # ------------------------------------------------------------- replica context
 

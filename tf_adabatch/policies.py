@@ -15,8 +15,12 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tf_adabatch.stats import adascale_gain
+from tf_adabatch.throughput import ThroughputModel
+
 __all__ = [
     "BatchPolicy",
+    "GoodputPolicy",
     "NoiseScalePolicy",
     "SchedulePolicy",
     "SimiGradPolicy",
@@ -33,8 +37,8 @@ class StepStats(NamedTuple):
     (250.0, 1)
 
     Attributes:
-      similarity: the groups' cosine similarity of this step (exact mode) or the
-        estimate from the smoothed moments (estimated mode); may be NaN.
+      similarity: the groups' cosine similarity of this step (exact mode) or its
+        estimate from this step's moments (estimated mode); may be NaN.
       grad_sqr: smoothed |G|^2.
       trace_sigma: smoothed per-example tr(Sigma).
       noise_scale: tr(Sigma) / |G|^2 of the smoothed moments; may be inf or NaN.
@@ -398,3 +402,104 @@ class SchedulePolicy(_BoundedPolicy):
 
     def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
         return self._clamp(self.schedule(tf.cast(stats.progress, tf.float64)))
+
+
+class GoodputPolicy(_BoundedPolicy):
+    """Picks the batch that makes the most scale-invariant progress per second (Pollux).
+
+    For each reachable global batch B in [min_batch_size, max_batch_size] (multiples of
+    replicas x micro-batch), the AdaScale gain it would get from the current smoothed
+    moments, with S = B / B0, sigma^2 = tr(Sigma) / B0 and mu^2 = |G|^2,
+
+        r(B) = (sigma^2 + mu^2) / (sigma^2 / S + mu^2),
+
+    and the step time T(B) = alpha + beta k (k = B / (replicas x micro-batch)) from a
+    `ThroughputModel`, give the progress rate r(B) / T(B) in base-batch steps per
+    second. That is Pollux's goodput divided by B0 (its statistical efficiency is r/S),
+    see docs/algorithms.md. The policy moves to the best B only if its predicted rate
+    beats the current batch's by `hysteresis` (AdaptDL found that chasing every change
+    of the argmax thrashes). While the throughput model is not ready (fewer than two
+    values of k timed enough) it explores: it stays at a batch until that k has
+    `min_timings_per_k` timings, then tries one micro-step more (less, at the top). NaN
+    statistics leave the batch alone. Pair it with the AdaScale learning-rate rule,
+    whose progress is what it maximises (with the other rules the choice still
+    maximises AdaScale's progress rate, which is then only a proxy).
+
+    Args:
+      throughput: the `ThroughputModel` the host feeds with step timings (the
+        `Trainer` and `attach` do it when the policy is a `GoodputPolicy`).
+      initial_batch_size, min_batch_size, max_batch_size: global batch sizes.
+      base_batch_size: B0 of the gain; default `initial_batch_size` (pass the
+        engine's `base_batch_size` if it differs).
+      hysteresis: relative improvement needed to move, >= 0 (default 5%).
+
+    Example (a step costs 1 s fixed + 0.1 s per micro-step: large batches are cheap):
+
+    >>> from tf_adabatch.throughput import ThroughputModel
+    >>> model = ThroughputModel(min_timings_per_k=1)
+    >>> model.observe(1, 1.1); model.observe(2, 1.2)
+    >>> policy = GoodputPolicy(model, initial_batch_size=32, min_batch_size=32,
+    ...                        max_batch_size=256)
+    >>> policy.build(batch_unit=32)
+    >>> stats = StepStats.make(grad_sqr=1.0, trace_sigma=3200.0)  # noise scale 3200
+    >>> int(policy.next_batch_size(32, stats))
+    256
+    """
+
+    def __init__(
+        self,
+        throughput: ThroughputModel,
+        *,
+        initial_batch_size: int,
+        min_batch_size: int,
+        max_batch_size: int,
+        base_batch_size: int | None = None,
+        hysteresis: float = 0.05,
+    ) -> None:
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+        )
+        if not isinstance(throughput, ThroughputModel):
+            raise TypeError(
+                "Argument `throughput` must be a `tf_adabatch.throughput.ThroughputModel`. "
+                f"Received: throughput={throughput!r}"
+            )
+        if base_batch_size is not None:
+            _check_positive_int("base_batch_size", base_batch_size)
+        if not hysteresis >= 0.0:
+            raise ValueError(
+                f"Argument `hysteresis` must be >= 0. Received: hysteresis={hysteresis!r}"
+            )
+        self.throughput = throughput
+        self.base_batch_size = base_batch_size or initial_batch_size
+        self.hysteresis = hysteresis
+
+    def progress_rate(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
+        """Predicted base-batch steps per second at `batch_size` (float64, graph-safe)."""
+        b = tf.cast(batch_size, tf.float64)
+        gain = adascale_gain(stats.grad_sqr, stats.trace_sigma, b, float(self.base_batch_size))
+        seconds = self.throughput.predict_step_time(b / float(self.batch_unit))
+        # A fit that predicts no time (too few or too noisy timings) predicts nothing.
+        return tf.where(seconds > 0.0, gain / tf.where(seconds > 0.0, seconds, 1.0), float("nan"))
+
+    def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
+        unit = self.batch_unit
+        current = tf.cast(batch_size, tf.int64)
+        candidates = tf.range(self.min_batch_size, self.max_batch_size + 1, unit, dtype=tf.int64)
+        rates = self.progress_rate(candidates, stats)
+        best = candidates[tf.argmax(rates)]
+        move = tf.reduce_max(rates) > (1.0 + self.hysteresis) * self.progress_rate(current, stats)
+        decided = tf.where(move, best, current)
+        usable = tf.reduce_all(tf.math.is_finite(rates)) & tf.reduce_all(
+            tf.math.is_finite(tf.stack([stats.grad_sqr, stats.trace_sigma]))
+        )
+        decided = tf.where(usable, decided, current)
+        # Exploring: stay at a k until it is timed enough, then try one unit more (one
+        # less at the top), until two values of k are.
+        # (The host times this step after the decision: count it already.)
+        timed = self.throughput.timings_at(current // unit) + 1 >= self.throughput.min_timings_per_k
+        step = tf.where(current + unit <= self.max_batch_size, tf.constant(unit, tf.int64), -unit)
+        explore = tf.where(timed, current + step, current)
+        return self._clamp(tf.where(self.throughput.ready > 0, decided, explore))

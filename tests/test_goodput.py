@@ -1,0 +1,238 @@
+"""The throughput model recovers alpha and beta; the goodput policy picks the argmax.
+
+Expected values are derived here from the formulas (no run of the engine involved):
+step time T(k) = alpha + beta k, gain r(B) = (sigma^2 + mu^2) / (sigma^2 B0 / B + mu^2)
+with sigma^2 = tr(Sigma) / B0, mu^2 = |G|^2, and the rate r(B) / T(B).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_adabatch
+from tf_adabatch.policies import GoodputPolicy, StepStats
+from tf_adabatch.throughput import ThroughputModel, fit_line
+
+UNIT = 32
+
+
+def timings(alpha: float, beta: float, ks: list[int], per_k: int, seed: int = 0):
+    """Step times with 3% multiplicative noise and one outlier in ten (x3 to x20 slower)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(per_k):
+        for k in ks:
+            t = (alpha + beta * k) * (1 + 0.03 * rng.standard_normal())
+            if rng.random() < 0.1:
+                t *= rng.uniform(3, 20)
+            out.append((k, t))
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.004, 0.012), (0.05, 0.002), (0.02, 0.02)])
+def test_throughput_model_recovers_alpha_and_beta_within_5_percent_despite_outliers(
+    alpha: float, beta: float
+) -> None:
+    model = ThroughputModel(window=400)
+    observed = timings(alpha, beta, [1, 2, 3, 4, 6, 8], per_k=30)
+    outliers = sum(t > 2 * (alpha + beta * k) for k, t in observed)
+    assert outliers >= 10  # the outliers are really there
+    for k, t in observed:
+        model.observe(k, t)
+    assert int(model.ready) == 1
+    assert float(model.alpha) == pytest.approx(alpha, rel=0.05)
+    assert float(model.beta) == pytest.approx(beta, rel=0.05)
+    # A plain least-squares fit through all timings is thrown off by the outliers,
+    # so the medians are what make the fit robust.
+    ks, ts = np.array(observed, dtype=float).T
+    naive_beta, naive_alpha = np.polyfit(ks, ts, 1)
+    assert abs(naive_alpha - alpha) > 0.05 * alpha or abs(naive_beta - beta) > 0.05 * beta
+
+
+def test_throughput_model_is_not_ready_with_one_value_of_k_and_forgets_old_timings() -> None:
+    model = ThroughputModel(window=6, min_timings_per_k=2)
+    for _ in range(5):
+        model.observe(2, 0.5)
+    assert int(model.ready) == 0
+    model.observe(3, 0.6)
+    assert int(model.ready) == 0  # one timing of k = 3 is not enough
+    model.observe(3, 0.6)
+    assert int(model.ready) == 1
+    assert float(model.alpha) == pytest.approx(0.3) and float(model.beta) == pytest.approx(0.1)
+    # The window keeps the latest 6: after 6 new timings at other costs, the old are gone.
+    for k in (1, 2, 1, 2, 1, 2):
+        model.observe(k, 1.0 + k)
+    assert float(model.alpha) == pytest.approx(1.0) and float(model.beta) == pytest.approx(1.0)
+    model.observe(2, float("nan"))  # ignored
+    assert int(model.count) == 13
+
+
+def test_fit_line_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="`window` must be a positive integer"):
+        ThroughputModel(window=0)
+    assert fit_line(np.array([1.0, 1.0]), np.array([1.0, 2.0])) == (0.0, 0.0, False)
+
+
+def policy_with(alpha: float, beta: float, **kwargs) -> GoodputPolicy:
+    model = ThroughputModel(min_timings_per_k=1)
+    model.observe(1, alpha + beta)
+    model.observe(2, alpha + 2 * beta)
+    kwargs.setdefault("initial_batch_size", 64)
+    kwargs.setdefault("min_batch_size", 32)
+    kwargs.setdefault("max_batch_size", 512)
+    policy = GoodputPolicy(model, **kwargs)
+    policy.build(batch_unit=UNIT)
+    return policy
+
+
+def expected_best(alpha, beta, grad_sqr, trace, b0, lo, hi, current, hysteresis=0.05):
+    """The argmax of r(B) / T(B) over multiples of UNIT in [lo, hi], by hand."""
+
+    def rate(b):
+        s2, m2 = trace / b0, grad_sqr
+        # The gain lies between 1 and S = B / B0 (below B0 too: then in [S, 1]).
+        r = min(max((s2 + m2) / (s2 * b0 / b + m2), min(b / b0, 1.0)), max(b / b0, 1.0))
+        return r / (alpha + beta * b / UNIT)
+
+    candidates = list(range(lo, hi + 1, UNIT))
+    best = max(candidates, key=rate)
+    return best if rate(best) > (1 + hysteresis) * rate(current) else current
+
+
+@pytest.mark.parametrize(
+    "alpha,beta,noise_scale",
+    [
+        (1.0, 0.01, 100.0),
+        (0.0, 0.01, 100.0),
+        (0.01, 0.01, 100.0),
+        (0.01, 0.01, 3000.0),
+        (0.1, 0.01, 1e5),
+    ],
+)
+def test_goodput_policy_picks_the_argmax_of_the_progress_rate(alpha, beta, noise_scale) -> None:
+    policy = policy_with(alpha, beta)
+    stats = StepStats.make(grad_sqr=2.0, trace_sigma=2.0 * noise_scale)
+    got = int(policy.next_batch_size(tf.constant(64, tf.int64), stats))
+    assert got == expected_best(alpha, beta, 2.0, 2.0 * noise_scale, 64, 32, 512, 64)
+    assert got % UNIT == 0 and 32 <= got <= 512
+
+
+def test_fixed_cost_drives_the_choice_large_when_steps_are_expensive_small_when_cheap() -> None:
+    stats = StepStats.make(grad_sqr=1.0, trace_sigma=200.0)  # noise scale 200
+    chosen = [
+        int(policy_with(alpha, 0.01).next_batch_size(tf.constant(64, tf.int64), stats))
+        for alpha in (0.0, 0.01, 0.05, 0.5)
+    ]
+    assert chosen == sorted(chosen) and chosen[0] == 32 and chosen[-1] == 512
+
+
+def test_hysteresis_holds_the_batch_under_the_threshold() -> None:
+    """Noise scale 200, B0 = 64, T = 0.01 + 0.01 k: the rate is flat near its top
+    (B = 64: 33.3, 96: 33.4, 128: 32.2 base steps per second)."""
+    stats = StepStats.make(grad_sqr=1.0, trace_sigma=200.0)
+    policy = policy_with(0.01, 0.01, hysteresis=0.0, min_batch_size=64)
+    best = int(policy.next_batch_size(tf.constant(64, tf.int64), stats))
+    assert best == expected_best(0.01, 0.01, 1.0, 200.0, 64, 64, 512, 64, hysteresis=0.0) == 96
+    rates = {
+        b: float(policy.progress_rate(tf.constant(b, tf.int64), stats)) for b in range(64, 513, 32)
+    }
+    close = [b for b in rates if b != best and rates[b] * 1.05 > rates[best]]
+    far = [b for b in rates if rates[b] * 1.05 < rates[best]]
+    assert close == [64, 128] and 512 in far
+    held = policy_with(0.01, 0.01, hysteresis=0.05, min_batch_size=64)
+    for b in close:
+        assert int(held.next_batch_size(tf.constant(b, tf.int64), stats)) == b
+    for b in far:
+        assert int(held.next_batch_size(tf.constant(b, tf.int64), stats)) == best
+
+
+def test_explores_until_the_throughput_model_is_ready_and_nan_changes_nothing() -> None:
+    model = ThroughputModel(min_timings_per_k=1)
+    policy = GoodputPolicy(model, initial_batch_size=64, min_batch_size=32, max_batch_size=128)
+    policy.build(batch_unit=UNIT)
+    stats = StepStats.make(grad_sqr=1.0, trace_sigma=200.0)
+    # With min_timings_per_k=1 the step just taken is timing enough: explore at once.
+    assert int(policy.next_batch_size(tf.constant(64, tf.int64), stats)) == 96  # one more
+    assert int(policy.next_batch_size(tf.constant(128, tf.int64), stats)) == 96  # top: one less
+    strict = ThroughputModel(min_timings_per_k=2)
+    waiting = GoodputPolicy(strict, initial_batch_size=64, min_batch_size=32, max_batch_size=128)
+    waiting.build(batch_unit=UNIT)
+    # Deciding after a step at k = 2 that the host has not timed yet: with one earlier
+    # timing of k = 2 that step makes two, enough; with none, it stays.
+    assert int(waiting.next_batch_size(tf.constant(64, tf.int64), stats)) == 64  # stays
+    strict.observe(2, 0.2)
+    assert int(strict.timings_at(2)) == 1 and int(strict.timings_at(3)) == 0
+    assert int(waiting.next_batch_size(tf.constant(64, tf.int64), stats)) == 96
+    model.observe(2, 0.2)
+    model.observe(3, 0.25)
+    nan = StepStats.make(grad_sqr=float("nan"), trace_sigma=200.0)
+    assert int(policy.next_batch_size(tf.constant(96, tf.int64), nan)) == 96
+
+
+def test_goodput_policy_validates_its_arguments() -> None:
+    with pytest.raises(TypeError, match="`throughput` must be"):
+        GoodputPolicy(None, initial_batch_size=32, min_batch_size=32, max_batch_size=64)
+    with pytest.raises(ValueError, match="`hysteresis` must be >= 0"):
+        GoodputPolicy(
+            ThroughputModel(),
+            initial_batch_size=32,
+            min_batch_size=32,
+            max_batch_size=64,
+            hysteresis=-1,
+        )
+    assert "GoodputPolicy" in tf_adabatch.__all__ and "ThroughputModel" in tf_adabatch.__all__
+
+
+def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_small() -> None:
+    """One device, Trainer: a delay injected once per optimizer step (in the optimizer's
+    update of the model's single variable: alpha) makes the largest batch the fastest
+    way to progress, r(B) / T(B) ~ r(B) / alpha growing with B; a delay per micro-step
+    (in the loss: beta) makes the smallest one fastest, r(B) / (beta k) ~ r(B) / S
+    falling with B. The engine times the steps and feeds the policy's model."""
+    import time
+
+    import keras
+
+    def run(step_delay: float, micro_delay: float) -> list[float]:
+        def sleep(seconds: float) -> None:
+            if seconds:
+                tf.py_function(lambda: time.sleep(seconds), [], [])
+
+        class SlowSGD(keras.optimizers.SGD):
+            def update_step(self, gradient, variable, learning_rate):
+                sleep(step_delay)
+                return super().update_step(gradient, variable, learning_rate)
+
+        def loss(y_true, y_pred):
+            sleep(micro_delay)
+            return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
+        throughput = ThroughputModel(min_timings_per_k=2)
+        trainer = tf_adabatch.Trainer(
+            model,
+            loss=loss,
+            optimizer=SlowSGD(0.01),
+            micro_batch_size=8,
+            policy=GoodputPolicy(
+                throughput, initial_batch_size=16, min_batch_size=8, max_batch_size=64
+            ),
+            similarity="estimated",
+        )
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(4096, 4)).astype("float32")
+        y = (x.sum(1, keepdims=True) + 2.0 * rng.normal(size=(4096, 1))).astype("float32")
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
+        history = trainer.fit(data, steps=20, verbose=0)
+        assert int(throughput.ready) == 1
+        assert np.isnan(history["step_time"][0]) and np.isfinite(history["step_time"][1:]).all()
+        return history["batch_size"]
+
+    fixed = run(step_delay=0.1, micro_delay=0.0)
+    per_micro = run(step_delay=0.0, micro_delay=0.03)
+    assert fixed[-1] == 64.0, fixed
+    assert per_micro[-1] == 8.0, per_micro

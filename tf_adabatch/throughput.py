@@ -1,0 +1,137 @@
+"""Online throughput model: step time T(k) = alpha + beta * k, fitted robustly from timings.
+
+k is the number of micro-steps per replica in an optimizer step; alpha the per-step
+fixed part (gradient all-reduce, statistics, apply, host overhead) and beta one
+micro-step (forward and backward pass of one micro-batch on every replica). The host
+times each optimizer step and calls `observe`; the fit lives in `tf.Variable`s, so a
+policy reads it inside `tf.function` (no retrace when it changes) and checkpoints keep
+it (a resumed run predicts exactly what the uninterrupted one would).
+
+Robustness on a shared, noisy machine: the observations are kept in a window, reduced
+to the *median* step time per distinct k, and the line is a least-squares fit through
+those medians (weighted by how many timings each has). A median ignores any minority of
+outliers, so a few slow steps (another process, a garbage collection) move nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["ThroughputModel"]
+
+_F64 = tf.float64
+
+
+class ThroughputModel(tf.Module):
+    """Step time against micro-steps, T(k) = alpha + beta k, from a window of timings.
+
+    Args:
+      window: how many of the latest timings the fit uses.
+      min_timings_per_k: timings a value of k needs before its median counts.
+
+    Attributes (after `observe`): `alpha`, `beta` (seconds; float64 variables),
+    `ready` (1 once two or more values of k have enough timings, else 0).
+
+    Example (timings of a step costing 10 ms plus 5 ms per micro-step, one outlier):
+
+    >>> model = ThroughputModel(min_timings_per_k=2)
+    >>> for k, seconds in [(1, 0.015), (1, 0.015), (2, 0.020), (2, 0.9), (2, 0.020),
+    ...                    (4, 0.030), (4, 0.030)]:
+    ...     model.observe(k, seconds)
+    >>> round(float(model.alpha), 4), round(float(model.beta), 4)
+    (0.01, 0.005)
+    >>> round(float(model.predict_step_time(8)), 4)
+    0.05
+    """
+
+    def __init__(self, *, window: int = 200, min_timings_per_k: int = 3) -> None:
+        super().__init__(name="throughput")
+        for name, value in (("window", window), ("min_timings_per_k", min_timings_per_k)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(
+                    f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
+                )
+        self.window = int(window)
+        self.min_timings_per_k = int(min_timings_per_k)
+        agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        with self.name_scope:
+            self.timings_k = tf.Variable(
+                tf.zeros([self.window], _F64), trainable=False, aggregation=agg, name="timings_k"
+            )
+            self.timings_s = tf.Variable(
+                tf.zeros([self.window], _F64), trainable=False, aggregation=agg, name="timings_s"
+            )
+            self.count = tf.Variable(
+                tf.constant(0, tf.int64), trainable=False, aggregation=agg, name="count"
+            )
+            self.alpha = tf.Variable(
+                tf.constant(0.0, _F64), trainable=False, aggregation=agg, name="alpha"
+            )
+            self.beta = tf.Variable(
+                tf.constant(0.0, _F64), trainable=False, aggregation=agg, name="beta"
+            )
+            self.ready = tf.Variable(
+                tf.constant(0, tf.int64), trainable=False, aggregation=agg, name="ready"
+            )
+
+    def observe(self, k: int, seconds: float) -> None:
+        """Adds one timed optimizer step of `k` micro-steps and refits. Host code only."""
+        if not (np.isfinite(seconds) and seconds > 0):
+            return  # nothing to learn from a failed or zero timing
+        count = int(self.count.numpy())
+        ks, times = self.timings_k.numpy(), self.timings_s.numpy()
+        ks[count % self.window], times[count % self.window] = float(k), float(seconds)
+        self.timings_k.assign(ks)
+        self.timings_s.assign(times)
+        self.count.assign(count + 1)
+        used = min(count + 1, self.window)
+        alpha, beta, ok = fit_line(ks[:used], times[:used], self.min_timings_per_k)
+        if ok:
+            self.alpha.assign(alpha)
+            self.beta.assign(beta)
+        self.ready.assign(int(ok))
+
+    def timings_at(self, k: tf.Tensor | float) -> tf.Tensor:
+        """How many timings in the window are of steps with `k` micro-steps (graph-safe)."""
+        used = tf.minimum(self.count, self.window)
+        in_window = tf.range(self.window, dtype=tf.int64) < used
+        same = tf.equal(self.timings_k, tf.cast(k, _F64)) & in_window
+        return tf.reduce_sum(tf.cast(same, tf.int64))
+
+    def predict_step_time(self, k: tf.Tensor | float) -> tf.Tensor:
+        """Predicted seconds of one optimizer step with `k` micro-steps per replica
+        (graph-safe; meaningful once `ready`)."""
+        return self.alpha + self.beta * tf.cast(k, _F64)
+
+
+def fit_line(
+    ks: np.ndarray, seconds: np.ndarray, min_timings_per_k: int = 1
+) -> tuple[float, float, bool]:
+    """(alpha, beta, ok): least squares through the per-k medians, weighted by counts.
+
+    ok is False (and alpha, beta 0) with fewer than two values of k that have
+    `min_timings_per_k` timings each.
+
+    Example:
+
+    >>> fit_line(np.array([1.0, 2.0, 2.0, 2.0]), np.array([3.0, 5.0, 5.0, 99.0]))
+    (1.0, 2.0, True)
+    """
+    points, weights = [], []
+    for k in np.unique(ks):
+        mine = seconds[ks == k]
+        if len(mine) >= min_timings_per_k:
+            points.append((float(k), float(np.median(mine))))
+            weights.append(float(len(mine)))
+    if len(points) < 2:
+        return 0.0, 0.0, False
+    k_values, medians = np.array(points).T
+    w = np.array(weights)
+    k_mean = np.average(k_values, weights=w)
+    t_mean = np.average(medians, weights=w)
+    beta = float(
+        np.sum(w * (k_values - k_mean) * (medians - t_mean)) / np.sum(w * (k_values - k_mean) ** 2)
+    )
+    alpha = float(t_mean - beta * k_mean)
+    return alpha, beta, True
