@@ -8,6 +8,8 @@ in closed form whatever the weights, so a whole run, batch changes included, is 
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +284,82 @@ def test_train_py_exits_3_on_a_diverging_run(tmp_path) -> None:
     assert result.returncode == 3, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 3 optimizer steps in a row had non-finite gradients"), last
+
+
+def test_a_keras_save_carries_the_adaptive_state(tmp_path) -> None:
+    """`model.save` (the .keras archive), not only `save_weights`, holds the state."""
+    x, y = regression_data(512)
+    model, engine = attached(smoothed_simigrad(2))
+    model.fit(global_micro_batches(x, y, 8).repeat(), epochs=1, steps_per_epoch=3, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored, restored_engine = attached(smoothed_simigrad(2))
+    restored.load_weights(path)
+    expected = [float(v.numpy()) for v in (*engine.state.variables, *engine.policy.variables)]
+    got = [
+        float(v.numpy())
+        for v in (*restored_engine.state.variables, *restored_engine.policy.variables)
+    ]
+    assert int(engine.state.steps.numpy()) == 3 and all(
+        v != 0.0 for v in expected[-2:]
+    )  # steps taken, policy state not trivial
+    np.testing.assert_array_equal(got, expected)
+
+
+WORKER = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+from tf_adabatch import experiment
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+step = 10 + 5 * json.loads(os.environ["TF_CONFIG"])["task"]["index"]  # 10 and 15
+try:
+    experiment._check_same_checkpoint(strategy, step)
+except experiment.WorkerLostError as err:
+    print(err)
+    sys.exit(4)
+"""
+
+
+def test_workers_that_restored_different_checkpoints_stop_with_worker_lost_error(tmp_path) -> None:
+    """Two real workers (MultiWorkerMirroredStrategy on 127.0.0.1) report steps 10 and 15:
+    both must refuse to train, naming the rule (the check `experiment.run` makes after a
+    restore)."""
+    from launch.multiworker import free_ports
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for index in range(2):
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        )
+        env["PYTHONPATH"] = str(ROOT)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=180)
+            outputs.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for index, (code, out) in enumerate(outputs):
+        assert code == 4, f"worker {index}: exit {code}\n{out[-2000:]}"
+        assert (
+            f"The workers restored different checkpoints (this one: step {10 + 5 * index}, mean 12.5)"
+            in out
+        )
