@@ -354,6 +354,20 @@ def main() -> int:
         base = Path(tmp) / "baseline"
         copy_repo(base)
         missing = [m.name for m in mutants if (base / m.path).read_text().count(m.old) != 1]
+        # The copy's package must win over any installed one (an editable install of the
+        # working tree would make every mutant "missed").
+        env = dict(os.environ, PYTHONPATH=str(base), TF_CPP_MIN_LOG_LEVEL="3")
+        where = subprocess.run(
+            [sys.executable, "-c", "import tf_adabatch; print(tf_adabatch.__file__)"],
+            cwd=base,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        ).stdout.strip()
+        if not where.startswith(str(base)):
+            print(f"The copy's tf_adabatch is not the one imported ({where!r}); check PYTHONPATH.")
+            return 2
         if not args.no_baseline:
             tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
             ok, detail = run_tests(base, tests)

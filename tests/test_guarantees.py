@@ -126,18 +126,22 @@ def smoothed_simigrad(replicas: int) -> tf_adabatch.SimiGradPolicy:
     )
 
 
-def test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy_state() -> None:
-    strategy = get_strategy(2)
-    x, y = regression_data(2 * 4 * 16 * 4, seed=5)
+# The 4-replica case runs on the session's collective strategy (the default all-reduce).
+@pytest.mark.parametrize("replicas,collective", [(2, False), (4, True)])
+def test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy_state(
+    replicas: int, collective: bool
+) -> None:
+    strategy = get_strategy(replicas, collective=collective)
+    x, y = regression_data(replicas * 4 * 16 * 4, seed=5)
     model = mlp(strategy)
     with strategy.scope():
         optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
-    policy = smoothed_simigrad(2)
+    policy = smoothed_simigrad(replicas)
     trainer = tf_adabatch.Trainer(
         model, loss="mse", optimizer=optimizer, micro_batch_size=4, policy=policy, strategy=strategy
     )
     engine = trainer.engine
-    iterator = iter(trainer.distribute(global_micro_batches(x, y, 2 * 4)))
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, replicas * 4)))
     for _ in range(2):
         assert float(engine.train_step(iterator)["applied"]) == 1.0
     policy_before = [float(v.numpy()) for v in policy.variables]
@@ -148,9 +152,9 @@ def test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy
 
     # Poison the next step: one NaN target in its first micro-batch.
     poisoned = tf.data.Dataset.from_tensor_slices(
-        (x[: 2 * 4], np.full_like(y[: 2 * 4], np.nan))
-    ).batch(2 * 4, drop_remainder=True)
-    bad = iter(trainer.distribute(poisoned.concatenate(global_micro_batches(x, y, 2 * 4))))
+        (x[: replicas * 4], np.full_like(y[: replicas * 4], np.nan))
+    ).batch(replicas * 4, drop_remainder=True)
+    bad = iter(trainer.distribute(poisoned.concatenate(global_micro_batches(x, y, replicas * 4))))
     logs = engine.train_step(bad)
     assert float(logs["applied"]) == 0.0
     assert [float(v.numpy()) for v in policy.variables] == policy_before
@@ -167,14 +171,17 @@ def test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy
     assert [float(v.numpy()) for v in policy.variables] != policy_before
 
 
-def test_weight_regularizers_stay_out_of_the_statistics_and_the_similarity() -> None:
+@pytest.mark.parametrize("replicas,collective", [(2, False), (4, True)])
+def test_weight_regularizers_stay_out_of_the_statistics_and_the_similarity(
+    replicas: int, collective: bool
+) -> None:
     """Same model, data and seed with and without an L2 kernel regularizer (lambda = 0.01),
     one step of plain SGD (lr 0.1) in exact mode: the statistics and the similarity are
     those of the data loss alone; the kernel differs by exactly lr * 2 lambda w0 (the
     regularizer's gradient, applied once per step)."""
     lam, lr = 0.01, 0.1
-    strategy = get_strategy(2)
-    x, y = regression_data(2 * 4 * 3, seed=9)
+    strategy = get_strategy(replicas, collective=collective)
+    x, y = regression_data(replicas * 4 * 3, seed=9)
     runs = []
     for regularizer in (None, keras.regularizers.L2(lam)):
         model = mlp(strategy, kernel_regularizer=regularizer)
@@ -186,12 +193,12 @@ def test_weight_regularizers_stay_out_of_the_statistics_and_the_similarity() -> 
             loss="mse",
             optimizer=optimizer,
             micro_batch_size=4,
-            base_batch_size=8,
-            policy=tf_adabatch.StaticPolicy(2 * 4 * 3),
+            base_batch_size=replicas * 4,
+            policy=tf_adabatch.StaticPolicy(replicas * 4 * 3),
             similarity="exact",
             strategy=strategy,
         )
-        history = trainer.fit(global_micro_batches(x, y, 8), steps=1, verbose=0)
+        history = trainer.fit(global_micro_batches(x, y, replicas * 4), steps=1, verbose=0)
         runs.append((history, w0, weights(model)))
     (plain, w0, w_plain), (regularized, w0_reg, w_reg) = runs
     for a, b in zip(w0, w0_reg, strict=True):
