@@ -74,3 +74,71 @@ def checkpoint_values(workdir) -> dict[str, np.ndarray]:
         for name in reader.get_variable_to_shape_map()
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
     }
+
+
+def sum_of_outputs_closed_form(
+    x: np.ndarray,
+    ks: list[int],
+    *,
+    replicas: int,
+    micro: int,
+    base_batch: int,
+    d_out: int,
+    decay: float,
+    min_variance: float = 1e-6,
+) -> list[dict[str, float | np.ndarray]]:
+    """Every statistic of a run of `Dense(d_out)` (with bias) under `sum_of_outputs`, in numpy.
+
+    A sample x has the gradient (kernel rows x_j * ones(d_out), bias ones(d_out)), whatever
+    the weights, so a whole run is closed form. Step t with k_t micro-steps reads the next
+    replicas * micro * k_t examples; micro-gradient i of replica r is the mean over block
+    b = i * replicas + r (`micro` examples) and belongs to group A iff b is even. With
+    n = replicas * k micro-gradients g_b, B = n * micro, mean_sq = mean |g_b|^2 and gbar
+    their mean (docs/algorithms.md):
+
+        |G|^2 = (n |gbar|^2 - mean_sq) / (n - 1)      tr(Sigma) = m n (mean_sq - |gbar|^2) / (n - 1)
+
+    clipped at 0 and min_variance * B0, averaged with a debiased EMA (biased / (1 - decay^t)),
+    gain = (tr/B0 + |G|^2) / (tr/B + |G|^2) clipped to [1, S], tau += gain, estimated
+    similarity |G|^2 / (|G|^2 + 2 tr / B), exact similarity cos(mean_A, mean_B).
+    """
+    x = np.asarray(x, np.float64)
+    out: list[dict[str, float | np.ndarray]] = []
+    start, biased_g, biased_t, weight, tau = 0, 0.0, 0.0, 0.0, 0.0
+    for k in ks:
+        n = replicas * k
+        batch = n * micro
+        block = x[start : start + batch].reshape(n, micro, -1).mean(axis=1)
+        start += batch
+        grads = np.concatenate(
+            [np.repeat(block, d_out, axis=1), np.ones((n, d_out))], axis=1
+        )  # kernel (d_in, d_out) row-major, then bias
+        gbar = grads.mean(axis=0)
+        mean_sq = np.mean(np.sum(grads**2, axis=1))
+        gbar_sq = gbar @ gbar
+        grad_sqr = max((n * gbar_sq - mean_sq) / (n - 1), 0.0)
+        trace = max(micro * n * (mean_sq - gbar_sq) / (n - 1), min_variance * base_batch)
+        biased_g = decay * biased_g + (1 - decay) * grad_sqr
+        biased_t = decay * biased_t + (1 - decay) * trace
+        weight = decay * weight + (1 - decay)
+        g, t = biased_g / weight, biased_t / weight
+        scale = batch / base_batch
+        gain = float(np.clip((t / base_batch + g) / (t / batch + g), 1.0, scale))
+        group_a, group_b = grads[0::2].mean(axis=0), grads[1::2].mean(axis=0)
+        out.append(
+            {
+                "batch_size": float(batch),
+                "gbar": gbar,
+                "grad_sqr": g,
+                "trace_sigma": t,
+                "gain": gain,
+                "tau_before": tau,
+                "progress": tau + gain,
+                "estimated_similarity": g / (g + 2 * t / batch),
+                "exact_similarity": float(
+                    group_a @ group_b / np.linalg.norm(group_a) / np.linalg.norm(group_b)
+                ),
+            }
+        )
+        tau += gain
+    return out

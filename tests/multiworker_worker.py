@@ -72,12 +72,16 @@ def fit(strategy, model, optimizer, out: str, steps: int) -> None:
         .batch(2 * M, drop_remainder=True)
         .with_options(options)
     )
-    history = model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    per_step: list[tuple[float, float]] = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: per_step.append((logs["batch_size"], logs["gain"]))
+    )
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[record])
     np.savez(
         out,
         *[v.numpy() for v in model.trainable_variables],
-        gains=np.array(history.history["gain"]),
-        batch=np.array(history.history["batch_size"]),
+        gains=np.array([g for _, g in per_step]),
+        batch=np.array([b for b, _ in per_step]),
     )
 
 

@@ -36,6 +36,14 @@ def per_sample_gradient(x: np.ndarray, d_out: int, use_bias: bool) -> np.ndarray
 
 def fairscale_gain(steps: list[np.ndarray], d_out: int = 2, use_bias: bool = True) -> float:
     """fairscale's AdaScale, float64, one world of len(samples) workers of one sample."""
+    sigma_avg, mu_avg, scale = fairscale_averages(steps, d_out, use_bias)
+    return (sigma_avg + mu_avg) / (sigma_avg / scale + mu_avg)
+
+
+def fairscale_averages(
+    steps: list[np.ndarray], d_out: int = 2, use_bias: bool = True
+) -> tuple[float, float, int]:
+    """(sigma^2, mu^2, S): fairscale's debiased averages after the last step."""
     sigma_b = mu_b = 0.0
     for t, samples in enumerate(steps, start=1):
         g = np.stack(
@@ -51,7 +59,7 @@ def fairscale_gain(steps: list[np.ndarray], d_out: int = 2, use_bias: bool = Tru
         mu_b = theta * mu_b + (1 - theta) * mu2
         sigma_avg = sigma_b / (1 - theta**t)
         mu_avg = mu_b / (1 - theta**t)
-    return (sigma_avg + mu_avg) / (sigma_avg / scale + mu_avg)
+    return sigma_avg, mu_avg, scale
 
 
 # (steps of samples, the value listed in docs/algorithms.md from fairscale's tests)
@@ -134,3 +142,21 @@ def test_exact_similarity_of_the_two_samples(replicas: int, micro_steps: int) ->
     g0, g1 = (per_sample_gradient(x, 2, True) for x in samples)
     expected = g0 @ g1 / np.linalg.norm(g0) / np.linalg.norm(g1)
     assert trainer.similarity == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("replicas,micro_steps", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("name", ["generic", "generic_2", "two_steps"])
+def test_engine_reports_both_moments_where_they_differ(
+    name: str, replicas: int, micro_steps: int
+) -> None:
+    """In the "orthogonal" case tr(Sigma) = |G|^2 = 2 (per-sample gradients [1,1,0,0,1,1]
+    and [0,0,1,1,1,1]: mean_sq = 4, |gbar|^2 = 3), so a swap of the two moments keeps
+    its gain; here they differ, and each is checked against fairscale's sigma^2 (= tr(Sigma)
+    with B0 = 1) and mu^2 = |G|^2."""
+    steps = [np.array(s, np.float64) for s in CASES[name][0]]
+    sigma2, mu2, _ = fairscale_averages(steps)
+    assert abs(sigma2 - mu2) > 0.1 * max(sigma2, mu2)  # the case tells them apart
+    trainer = run_engine(steps, replicas, micro_steps)
+    assert trainer.grad_sqr == pytest.approx(mu2, rel=1e-6)
+    assert trainer.grad_var == pytest.approx(sigma2, rel=1e-6)
+    assert trainer.noise_scale == pytest.approx(sigma2 / mu2, rel=1e-6)

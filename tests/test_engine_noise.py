@@ -15,6 +15,13 @@ With d = 8, |delta|^2 = 1, s = 1: |G|^2 = 4, tr(Sigma) = 68, noise scale = 17.
 Sizes: B = 512 per step, n = 8 micro-gradients, 300 steps averaged with decay 0.999
 (close to a plain mean over the run). The relative standard error of the tr(Sigma)
 average is about sqrt(2 / ((n - 1) d)) / sqrt(300) ~ 1.1%, so 5% is > 4 standard errors.
+
+The gain at base batch B0 = 16 (S = 32): r = (tr/B0 + |G|^2) / (tr/B + |G|^2)
+= (68/16 + 4) / (68/512 + 4) = 1.996. r grows with tr(Sigma) and falls with |G|^2, so
+with both smoothed moments within 5% (asserted first) r lies between
+(0.95*68/16 + 1.05*4) / (0.95*68/512 + 1.05*4) = 1.904 and
+(1.05*68/16 + 0.95*4) / (1.05*68/512 + 0.95*4) = 2.098: within 6% of 1.996, and far
+from both clamps (1 and S = 32).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import tf_adabatch
 from conftest import get_strategy
 
 D, BATCH, STEPS, SEED = 8, 512, 300, 7
+BASE = 16  # B0: S = 32
 GRAD_SQR, TRACE = 4.0, 68.0
 
 
@@ -50,6 +58,7 @@ def run(replicas: int) -> tf_adabatch.Trainer:
         loss="mse",
         optimizer=optimizer,
         micro_batch_size=micro,
+        base_batch_size=BASE,
         policy=tf_adabatch.StaticPolicy(BATCH),
         similarity="estimated",
         ema_decay=0.999,
@@ -67,6 +76,6 @@ def test_smoothed_moments_within_five_percent_of_truth(replicas: int) -> None:
     assert trainer.grad_sqr == pytest.approx(GRAD_SQR, rel=0.05)
     assert trainer.grad_var * trainer.engine.base_batch_size == pytest.approx(TRACE, rel=0.05)
     assert trainer.noise_scale == pytest.approx(TRACE / GRAD_SQR, rel=0.05)
-    # Batch 512 = base batch: S = 1, so the gain is exactly 1 and tau counts steps.
-    assert trainer.gain == pytest.approx(1.0)
-    assert trainer.progress == pytest.approx(STEPS)
+    expected_gain = (TRACE / BASE + GRAD_SQR) / (TRACE / BATCH + GRAD_SQR)
+    assert expected_gain == pytest.approx(1.996, abs=1e-3)
+    assert trainer.gain == pytest.approx(expected_gain, rel=0.06)

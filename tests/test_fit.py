@@ -17,8 +17,14 @@ M = 4
 
 def simigrad(replicas: int) -> tf_adabatch.SimiGradPolicy:
     unit = replicas * M
+    # Smoothing on, so that the policy has a state of its own (two variables) that the
+    # save/restore tests below must carry (without it they would compare zeros).
     return tf_adabatch.SimiGradPolicy(
-        0.6, initial_batch_size=2 * unit, min_batch_size=2 * unit, max_batch_size=16 * unit
+        0.6,
+        initial_batch_size=2 * unit,
+        min_batch_size=2 * unit,
+        max_batch_size=16 * unit,
+        smoothing=0.5,
     )
 
 
@@ -157,11 +163,22 @@ def test_noise_grows_as_training_converges_batch_and_gain_rise() -> None:
     )
     h = trainer.fit(global_micro_batches(x, y, 16).repeat(), steps=150, verbose=0)
     batch, gain = np.array(h["batch_size"]), np.array(h["gain"])
-    # Measured on this seed: batch ~40 -> ~930 (max 1024), gain ~1.4 -> ~28 (S ~58).
+    # Expected from the data model (not from a run): per example g = 2 x' (x'.delta - eps)
+    # with x' = (x, 1), delta = w - w* (w* ~ N(0, I_16), w = 5, b = 0: |delta|^2 ~ 16 * 26
+    # = 416 at the start), so |G|^2 = 4|delta|^2 ~ 1664 and tr(Sigma) ~ 4((d + 2)|delta|^2
+    # + d + 1) ~ 30,000: B_noise ~ 18 while |delta|^2 >> 1.
+    # - Early, SimiGrad holds c = B / (B + 2 B_noise) at 0.5, i.e. B ~ 2 B_noise ~ 36: it
+    #   grows from 16 while c < 0.5 (B = 32: c = 0.47) and shrinks above (B = 48: 0.57).
+    # - Early gain, B0 = 16, B <= 48: r = (tr/16 + |G|^2) / (tr/B + |G|^2) <= 1.55.
+    # - Late, near the optimum, |G|^2 -> 0 and B_noise grows without bound: the batch
+    #   grows towards the maximum 1024. While SimiGrad grows the batch, c < 0.5, i.e.
+    #   |G|^2 < 2 tr/B, so r > (tr/B0 + 2 tr/B) / (3 tr/B) = (S + 2) / 3 > S / 3 (the test
+    #   allows S / 4 for the noise of the measured c).
+    # - Loss: 1 + |delta|^2 ~ 417 at the start, the noise floor 1 at the optimum.
     assert batch[:10].mean() <= 48 and batch[-20:].mean() >= 512
     assert gain[:10].mean() < 1.6  # warm-up emerges: gain ~ 1 while |G|^2 dominates
-    assert gain[-20:].mean() > 15 and gain[-20:].mean() > 0.25 * (batch[-20:] / 16).mean()
-    assert np.mean(h["loss"][-20:]) < 0.01 * np.mean(h["loss"][:10])
+    assert gain[-20:].mean() > 0.25 * (batch[-20:] / 16).mean()
+    assert np.mean(h["loss"][:10]) > 100 and np.mean(h["loss"][-20:]) < 1.5
 
 
 def test_progress_budget_stops_fit_at_the_budget() -> None:
@@ -200,12 +217,19 @@ def adaptive_values(engine) -> list[float]:
     return [float(v.numpy()) for v in (*engine.state.variables, *engine.policy.variables)]
 
 
+def assert_policy_state_is_not_trivial(engine) -> None:
+    """The smoothed similarity's two variables moved away from their initial zeros."""
+    values = [float(v.numpy()) for v in engine.policy.variables]
+    assert len(values) == 2 and all(v != 0.0 for v in values), values
+
+
 def test_keras_weights_files_carry_the_adaptive_state(tmp_path) -> None:
     x, y = regression_data(1024)
     data = global_micro_batches(x, y, 2 * M).repeat()
     model, engine = attached()
     model.fit(data, epochs=1, steps_per_epoch=6, verbose=0)
     assert engine.batch_size != 2 * 2 * M and int(engine.state.steps.numpy()) == 6
+    assert_policy_state_is_not_trivial(engine)
     path = str(tmp_path / "w.weights.h5")
     model.save_weights(path)
 
@@ -279,6 +303,7 @@ def test_backup_and_restore_resumes_fit_exactly(tmp_path) -> None:
     assert len({b for _, b, _ in full.steps}) > 1  # the batch adapted
     assert part2.steps[0][0] == part1.steps[-1][0] + 1  # the step counter went on
     assert part1.steps + part2.steps == full.steps  # identical batch sizes and gains
+    assert_policy_state_is_not_trivial(engine)
     np.testing.assert_allclose(
         adaptive_values(second_engine), adaptive_values(engine), rtol=1e-6, atol=1e-9
     )

@@ -32,6 +32,8 @@ OVERRIDES = {
     "train.checkpoint_every_steps": 5,
     "train.eval_every_base_epochs": 0.5,
     "policy.target_similarity": 0.3,
+    # Smoothing on, so that the policy has a state of its own for the resume to restore.
+    "policy.smoothing": 0.5,
 }
 
 
@@ -69,6 +71,9 @@ def test_sigkill_at_a_random_micro_step_then_rerun_equals_an_uninterrupted_run(
     # Same final weights, optimizer slots, adaptive state and policy state.
     expected, got = checkpoint_values(tmp_path / "full"), checkpoint_values(tmp_path / "resumed")
     assert set(got) == set(expected)
+    # The policy state is part of what is compared, and not its initial zeros.
+    policy = [name for name in expected if name.startswith("policy/")]
+    assert len(policy) == 2 and all(expected[name] != 0.0 for name in policy), policy
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
     # Identical batch-size and gain sequences, step by step (the steps the killed run
@@ -104,7 +109,13 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_checkp
     applied = int(state["steps"])
     assert applied >= 1 and latest.endswith(f"ckpt-{applied}")
     assert int(state["skipped_steps"]) == 0 and int(state["consecutive_skips"]) == 0
-    for name, value in values.items():
-        if name.startswith("model/"):
-            assert np.all(np.isfinite(value)), name
+    # The checkpoint stores each trainable weight once, under the optimizer
+    # (`optimizer/_trainable_variables/<i>/...`), and the optimizer's own variables
+    # (iterations, learning rate, momentum slots if any) under `optimizer/_variables/`.
+    weights = [n for n in values if n.startswith("optimizer/_trainable_variables/")]
+    optimizer_vars = [n for n in values if n.startswith("optimizer/_variables/")]
+    assert len(weights) == 4, sorted(values)  # the MLP: two kernels, two biases
+    assert optimizer_vars, sorted(values)
+    for name in weights + optimizer_vars:
+        assert np.all(np.isfinite(values[name])), name
     assert not (tmp_path / "metrics.json").exists()

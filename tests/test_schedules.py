@@ -5,12 +5,20 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tf_adabatch
 from tf_adabatch.state import AdaptiveState
 
 from conftest import get_strategy
-from helpers import global_micro_batches, mlp, regression_data
+from helpers import (
+    dense_model,
+    global_micro_batches,
+    mlp,
+    regression_data,
+    sum_of_outputs,
+    sum_of_outputs_closed_form,
+)
 
 # Base schedule in base-batch steps: 1.0 up to step 2, 0.5 up to step 5, then 0.1.
 BASE = keras.optimizers.schedules.PiecewiseConstantDecay([2, 5], [1.0, 0.5, 0.1])
@@ -102,16 +110,37 @@ def adascale_trainer(replicas: int = 2, **kwargs) -> tf_adabatch.Trainer:
 
 
 def test_engine_applies_gain_times_base_at_floor_tau() -> None:
-    trainer = adascale_trainer()
-    x, y = regression_data(2 * 4 * 4 * 6)
-    history = trainer.fit(global_micro_batches(x, y, 8), steps=6, verbose=0)
-    taus = [0.0, *history["progress"][:-1]]
-    base = [float(BASE(np.floor(t))) for t in taus]
-    np.testing.assert_allclose(
-        history["learning_rate"], np.array(history["gain"]) * base, rtol=1e-6
+    """The gains come from numpy (`helpers.sum_of_outputs_closed_form`: with `Dense` and
+    the sum-of-outputs loss every per-sample gradient is known whatever the weights),
+    not from the engine's logs; tau and the learning rate follow from them."""
+    strategy = get_strategy(2)
+    model = dense_model(strategy, 3, 2)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(BASE), momentum=0.9)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss=sum_of_outputs,
+        optimizer=optimizer,
+        micro_batch_size=2,
+        base_batch_size=4,
+        policy=tf_adabatch.StaticPolicy(2 * 2 * 4),  # S = 4
+        ema_decay=0.5,
+        strategy=strategy,
     )
-    np.testing.assert_allclose(np.diff([0.0, *history["progress"]]), history["gain"], rtol=1e-12)
-    assert all(1.0 <= g <= 4.0 for g in history["gain"])  # S = 32 / 8
+    x = np.random.default_rng(3).normal(size=(2 * 2 * 4 * 6, 3)).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros((len(x), 2), np.float32)))
+    history = trainer.fit(data.batch(4, drop_remainder=True), steps=6, verbose=0)
+    expected = sum_of_outputs_closed_form(
+        x, [4] * 6, replicas=2, micro=2, base_batch=4, d_out=2, decay=0.5
+    )
+    gains = np.array([e["gain"] for e in expected])
+    taus = np.concatenate([[0.0], np.cumsum(gains)])
+    assert gains.min() > 1.0 and gains.max() < 4.0  # not clamped: the test sees the gain
+    assert taus[-1] > 6  # the base schedule's steps (2, 5) are crossed
+    np.testing.assert_allclose(history["gain"], gains, rtol=1e-5)
+    np.testing.assert_allclose(history["progress"], taus[1:], rtol=1e-5)
+    base = [float(BASE(np.floor(t))) for t in taus[:-1]]
+    np.testing.assert_allclose(history["learning_rate"], gains * base, rtol=1e-5)
 
 
 def test_engine_lr_matches_a_manual_sgd_step() -> None:

@@ -113,15 +113,23 @@ def test_progress_bar_shows_batch_gain_similarity_and_learning_rate(capsys) -> N
 def test_properties_report_the_state() -> None:
     trainer = make_trainer(replicas=4, batch=4 * M * 2, base_batch_size=4 * M)
     assert math.isnan(trainer.similarity) and trainer.gain == 1.0 and math.isnan(trainer.grad_sqr)
-    history = trainer.fit(data(4), steps=5, verbose=0)
+    trainer.fit(data(4), steps=5, verbose=0)
     assert trainer.batch_size == 32 and trainer.accumulation_steps == 2
-    assert trainer.gain == pytest.approx(history["gain"][-1])
-    assert trainer.similarity == pytest.approx(history["similarity"][-1])
-    assert trainer.grad_sqr == pytest.approx(history["grad_sqr"][-1])
-    assert trainer.grad_var == pytest.approx(history["grad_var"][-1])
-    assert trainer.noise_scale == pytest.approx(history["noise_scale"][-1])
-    assert trainer.progress == pytest.approx(sum(history["gain"]))
-    assert trainer.learning_rate == pytest.approx(0.05)
+    # Each property against the raw state variables, with the formulas of
+    # docs/algorithms.md: debiased averages biased / weight, grad_var = tr(Sigma) / B0,
+    # noise scale = tr(Sigma) / |G|^2.
+    state = {v.name.split("/")[-1].split(":")[0]: float(v.numpy()) for v in trainer.state.variables}
+    grad_sqr = state["grad_sqr_biased"] / state["ema_weight"]
+    trace = state["trace_sigma_biased"] / state["ema_weight"]
+    assert state["ema_weight"] > 0 and grad_sqr > 0 and trace > 0
+    assert trainer.gain == state["gain"] and trainer.similarity == state["similarity"]
+    assert trainer.progress == state["progress"]
+    assert trainer.grad_sqr == pytest.approx(grad_sqr, rel=1e-12)
+    assert trainer.grad_var == pytest.approx(trace / (4 * M), rel=1e-12)
+    assert trainer.noise_scale == pytest.approx(trace / grad_sqr, rel=1e-12)
+    b, b0 = 32.0, 16.0  # AdaScale's gain from the smoothed moments, independently
+    assert trainer.gain == pytest.approx((trace / b0 + grad_sqr) / (trace / b + grad_sqr), rel=1e-9)
+    assert trainer.learning_rate == pytest.approx(0.05)  # a plain float: no rule applies
     assert 1.0 <= trainer.gain <= 2.0  # S = 32 / 16
     for name in (
         "batch_size",

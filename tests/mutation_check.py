@@ -1,0 +1,409 @@
+"""Mutation check: plant one plausible bug at a time and make sure a test catches it.
+
+Usage (from the repository root, with the test environment active):
+
+    python tests/mutation_check.py            # every mutant (9 min 40 s measured on 2 shared cores)
+    python tests/mutation_check.py --list     # the mutants and the tests run against each
+    python tests/mutation_check.py --only stats_n_instead_of_n_minus_1 --only tau_plus_scale
+
+For each mutant the repository is copied to a temporary directory (the working tree is
+never modified), ONE exact text replacement is made in `tf_adabatch/`, and the mutant's
+tests run there (`PYTHONPATH` = the copy, `-x`, bounded by a timeout). Results:
+
+    CAUGHT       a test failed (named)
+    MISSED       every test passed: the suite does not see this bug
+    NOT APPLIED  the anchor text is not in the file exactly once: the code moved and the
+                 mutant must be re-anchored (a failure of the check itself)
+
+First the unmutated copy runs every selected test once (the baseline; skip it with
+--no-baseline): if it fails, the check stops with exit code 2.
+
+The exit code is 0 only if every mutant was CAUGHT. Not part of `pytest` (the file name
+does not match `test_*.py`). Run it before and after changing the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 600
+
+G = "tests/test_guarantees.py"
+CLOSED_FORM = f"{G}::test_statistics_gain_progress_lr_and_similarity_equal_the_closed_form"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files, run in this order with -x
+    why: str
+
+
+MUTANTS = [
+    # ---------------------------------------------------------------- statistics
+    Mutant(
+        "stats_n_instead_of_n_minus_1",
+        "tf_adabatch/stats.py",
+        "denom = tf.where(n >= 2.0, n - 1.0,",
+        "denom = tf.where(n >= 2.0, n,",
+        (CLOSED_FORM, "tests/test_engine_golden.py"),
+        "the unbiased estimator divides by n - 1",
+    ),
+    Mutant(
+        "stats_trace_drops_factor_m",
+        "tf_adabatch/stats.py",
+        "trace_sigma = m * n * (mean_sq - grad_mean_sq) / denom",
+        "trace_sigma = n * (mean_sq - grad_mean_sq) / denom",
+        (CLOSED_FORM,),
+        "tr(Sigma) is per example: the micro-batch size m multiplies",
+    ),
+    Mutant(
+        "stats_grad_sqr_drops_factor_n",
+        "tf_adabatch/stats.py",
+        "grad_sqr = (n * grad_mean_sq - mean_sq) / denom",
+        "grad_sqr = (grad_mean_sq - mean_sq) / denom",
+        (CLOSED_FORM, "tests/test_engine_golden.py"),
+        "|G|^2 = (n |gbar|^2 - mean_sq) / (n - 1)",
+    ),
+    Mutant(
+        "engine_grad_mean_sq_divides_by_n_once",
+        "tf_adabatch/engine.py",
+        'out["grad_mean_sq"] = total_sq / tf.square(tf.cast(n, _F64))',
+        'out["grad_mean_sq"] = total_sq / tf.cast(n, _F64)',
+        (CLOSED_FORM,),
+        "|gbar|^2 = |sum|^2 / n^2 in exact mode",
+    ),
+    Mutant(
+        "stats_ema_not_debiased",
+        "tf_adabatch/stats.py",
+        "decay * _f64(weight) + (1.0 - decay),",
+        "tf.ones_like(_f64(weight)),",
+        (CLOSED_FORM, "tests/test_stats.py"),
+        "the moving average is debiased by 1 - decay^t",
+    ),
+    # ---------------------------------------------------------------- gain
+    Mutant(
+        "gain_scale_from_base_batch",
+        "tf_adabatch/engine.py",
+        "S.adascale_gain(grad_sqr, trace, batch, b0)",
+        "S.adascale_gain(grad_sqr, trace, b0, b0)",
+        (CLOSED_FORM, "tests/test_engine_golden.py"),
+        "S = B / B0 with the current batch B, not B0",
+    ),
+    Mutant(
+        "gain_inputs_swapped",
+        "tf_adabatch/engine.py",
+        "S.adascale_gain(grad_sqr, trace, batch, b0)",
+        "S.adascale_gain(trace, grad_sqr, batch, b0)",
+        (CLOSED_FORM, "tests/test_engine_golden.py"),
+        "the audit's one caught mutant: |G|^2 and tr(Sigma) in the right places",
+    ),
+    Mutant(
+        "gain_denominator_uses_b0",
+        "tf_adabatch/stats.py",
+        "den = tr / b + mu2",
+        "den = tr / b0 + mu2",
+        ("tests/test_stats.py", CLOSED_FORM),
+        "r = (tr/B0 + |G|^2) / (tr/B + |G|^2)",
+    ),
+    # ---------------------------------------------------------------- progress, LR
+    Mutant(
+        "tau_plus_scale",
+        "tf_adabatch/schedules.py",
+        'return tf.cast(gain if self.rule == "adascale" else scale, tf.float64)',
+        "return tf.cast(scale, tf.float64)",
+        (CLOSED_FORM, "tests/test_schedules.py"),
+        "AdaScale advances tau by the gain r, not by S",
+    ),
+    Mutant(
+        "lr_reads_base_at_optimizer_step",
+        "tf_adabatch/schedules.py",
+        "base = self.base_learning_rate(tf.floor(progress))",
+        "base = self.base_learning_rate(tf.cast(state.steps, tf.float64))",
+        (CLOSED_FORM, "tests/test_schedules.py"),
+        "the base schedule is read at floor(tau), not at the optimizer step",
+    ),
+    # ---------------------------------------------------------------- similarity, groups
+    Mutant(
+        "estimated_similarity_factor_2_to_1",
+        "tf_adabatch/stats.py",
+        "den = g + 2.0 * _f64(trace_sigma) / _f64(batch_size)",
+        "den = g + _f64(trace_sigma) / _f64(batch_size)",
+        (CLOSED_FORM,),
+        "each half has B/2 examples: c = |G|^2 / (|G|^2 + 2 tr/B)",
+    ),
+    Mutant(
+        "exact_cosine_cross_term_sign",
+        "tf_adabatch/engine.py",
+        'out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0',
+        'out["sq_a"] = (total_sq - 2.0 * cross + diff_sq) / 4.0',
+        (
+            CLOSED_FORM,
+            "tests/test_engine_equivalence.py::test_exact_similarity_equals_cosine_of_group_means",
+        ),
+        "|A|^2 = (|T|^2 + 2 T.D + |D|^2) / 4",
+    ),
+    Mutant(
+        "groups_halves_instead_of_parity",
+        "tf_adabatch/engine.py",
+        "odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1",
+        "odd = tf.math.floordiv(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1",
+        (
+            CLOSED_FORM,
+            "tests/test_engine_equivalence.py::test_exact_similarity_equals_cosine_of_group_means",
+        ),
+        "even N: group A = even replicas (with N = 4, halves would be a different split)",
+    ),
+    Mutant(
+        "odd_replicas_stale_slot_read_with_one_micro_step",
+        "tf_adabatch/engine.py",
+        "even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)",
+        "even_ok = k >= 1",
+        (CLOSED_FORM,),
+        "odd N, k = 1: a replica's other slot holds an earlier step's gradient",
+    ),
+    Mutant(
+        "odd_replicas_second_slot_not_overwritten",
+        "tf_adabatch/engine.py",
+        "lambda: _set_or_add(self._acc_odd, grads, micro_index < 2),",
+        "lambda: _set_or_add(self._acc_odd, grads, micro_index < 1),",
+        (
+            CLOSED_FORM,
+            "tests/test_engine_equivalence.py::test_other_replica_counts_equal_one_device",
+        ),
+        "odd N: a slot's first micro-step may be i = 1 and must overwrite",
+    ),
+    # ---------------------------------------------------------------- skip path
+    Mutant(
+        "skip_applies_anyway",
+        "tf_adabatch/engine.py",
+        "tf.cond(finite, lambda: strategy.run(self._apply_fn",
+        "tf.cond(tf.constant(True), lambda: strategy.run(self._apply_fn",
+        (
+            "tests/test_engine_equivalence.py::test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing",
+        ),
+        "a non-finite step must not reach the optimizer",
+    ),
+    Mutant(
+        "skip_counted_wrong",
+        "tf_adabatch/engine.py",
+        "state.skipped_steps.assign_add(1 - applied)",
+        "state.skipped_steps.assign_add(tf.ones_like(applied))",
+        (
+            f"{G}::test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy_state",
+            "tests/test_engine_equivalence.py::test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing",
+        ),
+        "skipped_steps counts skipped steps only",
+    ),
+    Mutant(
+        "skip_updates_moving_averages",
+        "tf_adabatch/engine.py",
+        "update = finite & valid",
+        "update = valid",
+        (
+            "tests/test_engine_equivalence.py::test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing",
+        ),
+        "a skipped step leaves the averages alone",
+    ),
+    Mutant(
+        "skip_feeds_the_policy",
+        "tf_adabatch/engine.py",
+        "proposed = tf.cond(\n            finite,",
+        "proposed = tf.cond(\n            tf.constant(True),",
+        (
+            f"{G}::test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy_state",
+        ),
+        "a skipped step leaves the policy state alone (smoothed SimiGrad)",
+    ),
+    # ---------------------------------------------------------------- checkpoints
+    Mutant(
+        "trainer_checkpoint_drops_policy",
+        "tf_adabatch/trainer.py",
+        "                policy=self.engine.policy,\n",
+        "",
+        (f"{G}::test_the_trainer_checkpoint_holds_the_policy_state",),
+        "Trainer.checkpoint holds the policy's state",
+    ),
+    Mutant(
+        "trainer_checkpoint_drops_carried_buffers",
+        "tf_adabatch/trainer.py",
+        'extra["carried"] = self.engine.carried_buffers',
+        "pass",
+        ("tests/test_trainer.py::test_one_replica_estimated_mode_resumes_exactly",),
+        "the differenced estimator's previous gradient is saved",
+    ),
+    Mutant(
+        "keras_saveable_drops_policy",
+        "tf_adabatch/fit.py",
+        '**{f"policy.{_key(v)}": v for v in engine.policy.variables},',
+        "",
+        (f"{G}::test_a_keras_save_of_another_policys_state_is_refused",),
+        "Keras saves of an attached model hold the policy state",
+    ),
+    # ---------------------------------------------------------------- regularizers
+    Mutant(
+        "weight_regularizers_in_micro_steps",
+        "tf_adabatch/engine.py",
+        "extra = losses[: len(losses) - n_weight]",
+        "extra = losses",
+        (f"{G}::test_weight_regularizers_stay_out_of_the_statistics_and_the_similarity",),
+        "weight regularizers stay out of the statistics and the similarity",
+    ),
+    # ---------------------------------------------------------------- policies
+    Mutant(
+        "simigrad_grows_when_it_should_shrink",
+        "tf_adabatch/policies.py",
+        "tf.where(c > target, -delta, tf.zeros_like(delta))",
+        "tf.where(c > target, delta, tf.zeros_like(delta))",
+        ("tests/test_policies.py",),
+        "c > target shrinks the batch",
+    ),
+    Mutant(
+        "policy_ignores_bounds",
+        "tf_adabatch/policies.py",
+        "return tf.clip_by_value(\n            tf.cast(batch_size, tf.int64), self.min_batch_size, self.max_batch_size\n        )",
+        "return tf.cast(batch_size, tf.int64)",
+        ("tests/test_policies.py",),
+        "batches stay within [min, max]",
+    ),
+    Mutant(
+        "simigrad_smoothing_ignored",
+        "tf_adabatch/policies.py",
+        'return tf.where(weight > 0, biased / tf.where(weight > 0, weight, 1.0), float("nan"))',
+        "return tf.cast(similarity, tf.float64)",
+        ("tests/test_policies.py",),
+        "with smoothing the controller acts on the debiased average",
+    ),
+]
+
+
+def copy_repo(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache"
+    )
+    shutil.copytree(ROOT, dest, ignore=ignore)
+
+
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
+    """(passed, the first failing test or a reason)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(copy)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:randomly", *tests]
+    try:
+        result = subprocess.run(
+            cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"timeout after {TIMEOUT_S} s"
+    if result.returncode == 0:
+        return True, ""
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", result.stdout, flags=re.M)
+    if failed:
+        return False, failed[0]
+    return False, f"pytest exit {result.returncode}: {result.stdout[-300:]}"
+
+
+def apply(copy: Path, mutant: Mutant) -> bool:
+    path = copy / mutant.path
+    text = path.read_text(encoding="utf-8")
+    if text.count(mutant.old) != 1:
+        return False
+    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--only", action="append", default=[], help="run only this mutant (repeatable)"
+    )
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    args = parser.parse_args()
+    names = {m.name for m in MUTANTS}
+    unknown = sorted(set(args.only) - names)
+    if unknown:
+        parser.error(f"unknown mutant(s) {unknown}; see --list")
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list:
+        bad = 0
+        for m in mutants:
+            found = (ROOT / m.path).read_text(encoding="utf-8").count(m.old)
+            bad += found != 1
+            anchor = "anchor ok" if found == 1 else f"ANCHOR FOUND {found} TIMES"
+            print(f"{m.name} ({anchor})\n  {m.path}: {m.why}\n  tests: {', '.join(m.tests)}")
+        return 1 if bad else 0
+
+    start = time.time()
+    rows: list[tuple[str, str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="adabatch-mutation-") as tmp:
+        base = Path(tmp) / "baseline"
+        copy_repo(base)
+        missing = [m.name for m in mutants if (base / m.path).read_text().count(m.old) != 1]
+        # The copy's package must win over any installed one (an editable install of the
+        # working tree would make every mutant "missed").
+        env = dict(os.environ, PYTHONPATH=str(base), TF_CPP_MIN_LOG_LEVEL="3")
+        where = subprocess.run(
+            [sys.executable, "-c", "import tf_adabatch; print(tf_adabatch.__file__)"],
+            cwd=base,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        ).stdout.strip()
+        if not where.startswith(str(base)):
+            print(f"The copy's tf_adabatch is not the one imported ({where!r}); check PYTHONPATH.")
+            return 2
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+            ok, detail = run_tests(base, tests)
+            print(
+                f"baseline ({len(tests)} test targets): {'pass' if ok else 'FAIL ' + detail}",
+                flush=True,
+            )
+            if not ok:
+                print("The unmutated copy fails its tests: fix that first.")
+                return 2
+        for m in mutants:
+            t0 = time.time()
+            if m.name in missing:
+                rows.append((m.name, "NOT APPLIED", f"anchor not found exactly once in {m.path}"))
+            else:
+                copy = Path(tmp) / m.name
+                copy_repo(copy)
+                apply(copy, m)
+                passed, detail = run_tests(copy, m.tests)
+                rows.append((m.name, "MISSED" if passed else "CAUGHT", detail))
+                shutil.rmtree(copy, ignore_errors=True)
+            print(
+                f"{rows[-1][1]:<12} {m.name:<50} {rows[-1][2]}  ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
+    print(f"\n{len(rows)} mutants in {time.time() - start:.0f} s:")
+    width = max(len(r[0]) for r in rows)
+    for name, status, detail in rows:
+        print(f"  {status:<12} {name:<{width}}  {detail}")
+    bad = [r for r in rows if r[1] != "CAUGHT"]
+    if bad:
+        print(f"\n{len(bad)} mutant(s) not caught: {', '.join(r[0] for r in bad)}")
+        return 1
+    print("\nevery mutant was caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
