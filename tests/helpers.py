@@ -100,7 +100,8 @@ def sum_of_outputs_closed_form(
 
     clipped at 0 and min_variance * B0, averaged with a debiased EMA (biased / (1 - decay^t)),
     gain = (tr/B0 + |G|^2) / (tr/B + |G|^2) clipped to [1, S], tau += gain, estimated
-    similarity |G|^2 / (|G|^2 + 2 tr / B), exact similarity cos(mean_A, mean_B).
+    similarity |G|^2 / (|G|^2 + 2 tr / B) from the step's own unclipped moments, exact
+    similarity cos(mean_A, mean_B).
     """
     x = np.asarray(x, np.float64)
     out: list[dict[str, float | np.ndarray]] = []
@@ -116,8 +117,10 @@ def sum_of_outputs_closed_form(
         gbar = grads.mean(axis=0)
         mean_sq = np.mean(np.sum(grads**2, axis=1))
         gbar_sq = gbar @ gbar
-        grad_sqr = max((n * gbar_sq - mean_sq) / (n - 1), 0.0)
-        trace = max(micro * n * (mean_sq - gbar_sq) / (n - 1), min_variance * base_batch)
+        step_g = (n * gbar_sq - mean_sq) / (n - 1)
+        step_t = micro * n * (mean_sq - gbar_sq) / (n - 1)
+        grad_sqr = max(step_g, 0.0)
+        trace = max(step_t, min_variance * base_batch)
         biased_g = decay * biased_g + (1 - decay) * grad_sqr
         biased_t = decay * biased_t + (1 - decay) * trace
         weight = decay * weight + (1 - decay)
@@ -134,7 +137,8 @@ def sum_of_outputs_closed_form(
                 "gain": gain,
                 "tau_before": tau,
                 "progress": tau + gain,
-                "estimated_similarity": g / (g + 2 * t / batch),
+                # From this step's own moments, unclipped (no memory).
+                "estimated_similarity": step_g / (step_g + 2 * step_t / batch),
                 "exact_similarity": float(
                     group_a @ group_b / np.linalg.norm(group_a) / np.linalg.norm(group_b)
                 ),
