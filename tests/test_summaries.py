@@ -21,6 +21,14 @@ from helpers import global_micro_batches, mlp, regression_data
 TARGET, MIN_BATCH, MAX_BATCH = 0.9, 8, 64
 
 
+def read_scalars(logdir: str) -> tuple[dict[str, list[tuple[int, float]]], set[str]]:
+    """Scalar series by tag, and the tags of the custom-scalars plugin (test_fit uses it)."""
+    acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    layout_tags = set(acc.PluginTagToContent("custom_scalars"))
+    return summaries.read_scalars(logdir), layout_tags
+
+
 def read_layout(logdir: str) -> layout_pb2.Layout:
     """The custom-scalars layout as written into a run's event file."""
     acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.TENSORS: 0})
