@@ -51,6 +51,10 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "simigrad_sqrt": ("simigrad", "sqrt", None),
 }
 ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
+# Also kept per run: progress tau (the x-axis of the adaptation plot), and the policy's
+# reference lines (SimiGrad's target similarity and batch bounds), as written by training.
+CURVE_TAGS = (*ADAPTATION_TAGS, "progress")
+REFERENCE_TAGS = ("target_similarity", "min_batch_size", "max_batch_size")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("outdir", "workdir/benchmark_efficiency", "Where runs and results go.")
@@ -132,12 +136,21 @@ def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
     for step, batch in train.get("adabatch/batch_size", []):
         total += batch
         examples[step] = total
-    curves = {tag: train.get(f"adabatch/{tag}", []) for tag in ADAPTATION_TAGS}
-    curves["accuracy"] = evals.get("eval/accuracy", [])
+    curves = {tag: train.get(f"adabatch/{tag}", []) for tag in CURVE_TAGS}
+    curves["accuracy"] = evals.get(summaries.eval_tag("accuracy"), [])
     curves["accuracy_examples"] = [
         (examples.get(step, math.nan), value) for step, value in curves["accuracy"]
     ]
-    return {"variant": variant, "seed": seed, "metrics": metrics, "curves": curves}
+    references = {
+        tag: train[f"adabatch/{tag}"][-1][1] for tag in REFERENCE_TAGS if f"adabatch/{tag}" in train
+    }
+    return {
+        "variant": variant,
+        "seed": seed,
+        "metrics": metrics,
+        "curves": curves,
+        "references": references,
+    }
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -208,56 +221,191 @@ def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:
     return "\n".join(lines + [""] + [f"- {v}" for v in verdicts]) + "\n"
 
 
+def _seed_band(
+    curves: list[list[tuple[float, float]]],
+) -> tuple[Any, Any, Any, Any]:
+    """Evaluation i of every seed (the same progress tau in each): the mean x, and the
+    mean, min and max y over the seeds, up to the shortest seed's evaluations."""
+    import numpy as np
+
+    n = min(len(c) for c in curves)
+    xs = np.array([[p[0] for p in c[:n]] for c in curves])
+    ys = np.array([[p[1] for p in c[:n]] for c in curves])
+    return xs.mean(0), ys.mean(0), ys.min(0), ys.max(0)
+
+
+def _on_grid(curves: list[list[tuple[float, float]]], xs: list[list[float]], grid: Any) -> Any:
+    """Each seed's series interpolated onto `grid` (rows: seeds)."""
+    import numpy as np
+
+    return np.array(
+        [np.interp(grid, x, [v for _, v in c]) for c, x in zip(curves, xs, strict=True)]
+    )
+
+
+def _rolling_mean(values: list[float], window: int) -> Any:
+    """Centered moving average; NaN values are left out, the edges use what they have."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    ok = np.isfinite(v)
+    kernel = np.ones(window)
+    total = np.convolve(np.where(ok, v, 0.0), kernel, mode="same")
+    count = np.convolve(ok.astype(float), kernel, mode="same")
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def accuracy_window(runs: list[dict[str, Any]]) -> tuple[float, float, list[str]]:
+    """The test-accuracy range of the accuracy plot, and the variants drawn inside it.
+
+    The variants that trained are those whose mean final accuracy is within 10 points of
+    the best variant's (a diverged run ends near chance). The range runs from the lowest
+    final accuracy of their seeds minus a quarter of the spread (at least 0.2 points) up
+    to the highest accuracy any of their evaluations reached plus 1/20 of the spread.
+    """
+    final: dict[str, list[float]] = {}
+    for run in runs:
+        final.setdefault(run["variant"], []).append(float(run["metrics"]["test_accuracy"]))
+    best = max(statistics.fmean(a) for a in final.values())
+    trained = [v for v, a in final.items() if statistics.fmean(a) >= best - 0.1]
+    lowest = min(min(final[v]) for v in trained)
+    highest = max(
+        [p[1] for r in runs if r["variant"] in trained for p in r["curves"]["accuracy"]]
+        + [max(final[v]) for v in trained]
+    )
+    pad = max(0.25 * (highest - lowest), 0.002)
+    return lowest - pad, highest + 0.2 * pad, trained
+
+
 def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
-    """accuracy.png (against steps and examples) and adaptation.png (adaptive runs)."""
+    """accuracy.png (against steps and examples) and adaptation.png (adaptive runs).
+
+    Every variant is drawn as its mean over the seeds with a band from the lowest to the
+    highest seed. The accuracy axes are zoomed to where the variants differ: from a little
+    below the lowest final accuracy of the variants that trained (within 10 points of the
+    best) to the highest accuracy reached; the others are listed as off the chart.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib import ticker
 
     colors = dict(zip(VARIANTS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-
-    def draw(ax: Any, points: list[tuple[float, float]], variant: str, first: bool) -> None:
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, color=colors[variant], alpha=0.8, label=variant if first else None)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    seen: set[str] = set()
+    by_variant: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        first = run["variant"] not in seen
-        seen.add(run["variant"])
-        draw(axes[0], run["curves"]["accuracy"], run["variant"], first)
-        draw(axes[1], run["curves"]["accuracy_examples"], run["variant"], first)
-    for ax, label in zip(axes, ("optimizer steps", "examples"), strict=True):
+        by_variant.setdefault(run["variant"], []).append(run)
+    final = {v: [float(r["metrics"]["test_accuracy"]) for r in rs] for v, rs in by_variant.items()}
+    low, high, trained = accuracy_window(runs)
+
+    def label(variant: str) -> str:
+        mean, std = _mean_std(final[variant])
+        n = len(final[variant])
+        text = f"{variant}: {100 * mean:.2f}%" + (
+            f" ± {100 * std:.2f} ({n} seeds)" if n > 1 else ""
+        )
+        return text + ("" if variant in trained else " (off the chart)")
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    entering = dict.fromkeys(axes, math.inf)  # the x where a drawn curve enters the window
+    for variant, mine in by_variant.items():
+        for ax, key in zip(axes, ("accuracy", "accuracy_examples"), strict=True):
+            curves = [r["curves"][key] for r in mine if r["curves"][key]]
+            if not curves:
+                continue
+            x, mean, lowest, highest = _seed_band(curves)
+            inside = np.flatnonzero(highest >= low)
+            if variant in trained and inside.size:
+                entering[ax] = min(entering[ax], x[max(inside[0] - 1, 0)])
+            ax.plot(x, mean, "o-", ms=3, color=colors[variant], label=label(variant))
+            ax.fill_between(x, lowest, highest, color=colors[variant], alpha=0.2, lw=0)
+    for ax, xlabel in zip(axes, ("optimizer steps", "training examples"), strict=True):
         ax.set_xscale("log")
-        ax.set_xlabel(label)
+        ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        if math.isfinite(entering[ax]):
+            ax.set_xlim(left=0.8 * entering[ax])
+        ax.set_ylim(low, high)
+        ax.set_xlabel(xlabel + " (log scale)")
         ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle("Test accuracy (every seed drawn)")
-    fig.tight_layout()
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, fontsize=9)
+    fig.suptitle(
+        "Test accuracy at each evaluation: mean over seeds, band from lowest to highest seed"
+    )
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 2), 1, 1))
     paths = [outdir / "accuracy.png"]
-    fig.savefig(paths[0], dpi=110)
+    fig.savefig(paths[0], dpi=100)
     plt.close(fig)
 
+    adaptive = [v for v in by_variant if v not in ("baseline", "linear_16x")]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    seen = set()
-    for run in runs:
-        if run["variant"] in ("baseline", "linear_16x"):
-            continue  # neither measures nor adapts anything
-        first = run["variant"] not in seen
-        seen.add(run["variant"])
+    ylabels = {
+        "batch_size": "global batch size",
+        "similarity": "gradient similarity",
+        "gain": "AdaScale gain",
+        "learning_rate": "learning rate",
+    }
+    for variant in adaptive:
+        mine = [r for r in by_variant[variant] if r["curves"]["progress"]]
+        if not mine:
+            continue
+        progress = [[p for _, p in r["curves"]["progress"]] for r in mine]
+        grid = np.linspace(max(p[0] for p in progress), min(p[-1] for p in progress), 300)
+        steps = max(len(p) for p in progress)
+        window = max(1, steps // 25)
         for ax, tag in zip(axes.flat, ADAPTATION_TAGS, strict=True):
-            draw(ax, run["curves"][tag], run["variant"], first)
+            curves = [r["curves"][tag] for r in mine]
+            if tag == "similarity":  # very noisy per step: a rolling mean per seed first
+                curves = [
+                    list(
+                        zip(
+                            [s for s, _ in c], _rolling_mean([v for _, v in c], window), strict=True
+                        )
+                    )
+                    for c in curves
+                ]
+            values = _on_grid(curves, progress, grid)
+            ax.plot(grid, np.nanmean(values, 0), color=colors[variant], label=variant)
+            ax.fill_between(
+                grid,
+                np.nanmin(values, 0),
+                np.nanmax(values, 0),
+                color=colors[variant],
+                alpha=0.2,
+                lw=0,
+            )
+    # The policy's reference lines, as training wrote them (each distinct value once).
+    for tag, name, ax, style in (
+        ("target_similarity", "SimiGrad target", axes[0, 1], "--"),
+        ("min_batch_size", "SimiGrad batch bounds", axes[0, 0], ":"),
+        ("max_batch_size", "SimiGrad batch bounds", axes[0, 0], ":"),
+    ):
+        values = {r.get("references", {}).get(tag) for v in adaptive for r in by_variant[v]}
+        for value in sorted(values - {None}):
+            ax.axhline(value, color="black", ls=style, lw=1.2, label=name)
     for ax, tag in zip(axes.flat, ADAPTATION_TAGS, strict=True):
-        ax.set_title(tag)
-        ax.set_xlabel("optimizer step")
+        title = ylabels[tag]
+        if tag == "similarity":
+            title += " (rolling mean over 1/25 of each run's steps)"
+        ax.set_title(title)
+        ax.set_xlabel("progress tau (base-batch steps)")
+        ax.set_ylabel(ylabels[tag])
         ax.grid(alpha=0.3)
-    axes[0, 0].legend()
-    fig.tight_layout()
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+    fig.suptitle("Adaptive runs against progress: mean over seeds, band from lowest to highest")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     paths.append(outdir / "adaptation.png")
-    fig.savefig(paths[1], dpi=110)
+    fig.savefig(paths[1], dpi=100)
     plt.close(fig)
     return paths
 

@@ -5,15 +5,29 @@ The full benchmarks are not part of the suite; their results are in docs/benchma
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
+
+
+def _load_efficiency_script():
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_efficiency", ROOT / "launch" / "benchmark_efficiency.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+efficiency = _load_efficiency_script()
 
 
 def script(name: str, *flags: str) -> subprocess.CompletedProcess:
@@ -64,6 +78,18 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     assert "simigrad_adascale:" in table and "adascale_16x:" in table  # the verdicts
     for png in ("accuracy.png", "adaptation.png"):
         assert (outdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The adaptation plot's x-axis and reference lines come from the runs: progress ends
+    # at the budget (47 base steps, above), and SimiGrad's target (configs/base.py: 0.5)
+    # and bounds ([B0, scale B0] = [16, 64]) were written by training.
+    for run in results["runs"]:
+        assert run["curves"]["progress"][-1][1] >= 47
+    for variant in ("simigrad_adascale", "simigrad_sqrt"):
+        assert by[variant]["references"] == {
+            "target_similarity": 0.5,
+            "min_batch_size": 16,
+            "max_batch_size": 64,
+        }
+    assert by["baseline"]["references"] == {}  # a static policy has no bounds
     # A second call reuses the finished runs instead of training again.
     again = script("benchmark_efficiency.py", *flags)
     assert again.returncode == 0 and (outdir / "results.md").read_text() == table
@@ -83,3 +109,42 @@ def test_overhead_benchmark_smoke() -> None:
         assert f"| {variant} |" in result.stdout
     # Two configurations, each in its own process, and the summary of both.
     assert "| 2 | small |" in result.stdout and "| 4 | small |" in result.stdout
+
+
+def _run(variant: str, final: float, accuracy: list[tuple[float, float]]) -> dict:
+    return {
+        "variant": variant,
+        "metrics": {"test_accuracy": final},
+        "curves": {"accuracy": accuracy},
+    }
+
+
+def test_accuracy_plot_zooms_to_where_the_variants_differ() -> None:
+    runs = [
+        _run("a", 0.88, [(10, 0.5), (100, 0.88)]),
+        _run("a", 0.90, [(10, 0.6), (100, 0.90)]),
+        _run("b", 0.86, [(5, 0.7), (50, 0.91), (80, 0.86)]),
+        _run("diverged", 0.10, [(3, 0.1), (9, 0.1)]),
+    ]
+    low, high, trained = efficiency.accuracy_window(runs)
+    # Best mean 0.89 (a); "diverged" (0.10) is more than 10 points below and left out.
+    # Lowest final of a and b: 0.86; highest evaluation: 0.91; spread 0.05, pad 0.0125.
+    assert trained == ["a", "b"]
+    assert low == pytest.approx(0.86 - 0.0125) and high == pytest.approx(0.91 + 0.0025)
+
+
+def test_seed_band_pairs_each_seeds_evaluations() -> None:
+    x, mean, low, high = efficiency._seed_band(
+        [[(10, 0.5), (20, 0.7), (30, 0.8)], [(12, 0.6), (18, 0.9)]]
+    )
+    # Up to the shorter seed: evaluations (10, 12) and (20, 18).
+    np.testing.assert_allclose(x, [11, 19])
+    np.testing.assert_allclose(mean, [0.55, 0.8])
+    np.testing.assert_allclose(low, [0.5, 0.7])
+    np.testing.assert_allclose(high, [0.6, 0.9])
+
+
+def test_rolling_mean_is_centered_and_skips_nan() -> None:
+    smoothed = efficiency._rolling_mean([1.0, 2.0, float("nan"), 4.0, 5.0], 3)
+    # Windows: [1, 2], [1, 2, -], [2, -, 4], [-, 4, 5], [4, 5] (edges use what they have).
+    np.testing.assert_allclose(smoothed, [1.5, 1.5, 3.0, 4.5, 4.5])

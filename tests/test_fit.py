@@ -94,7 +94,7 @@ def test_fit_writes_the_same_tensorboard_tags_and_runs_user_callbacks(tmp_path) 
     )
     scalars, layout_tags = read_scalars(logdir)
     assert layout_tags
-    expected = {f"adabatch/{n}" for n in tf_adabatch.summaries.ADABATCH_SCALARS} | {"train/loss"}
+    expected = {f"adabatch/{n}" for n in tf_adabatch.summaries.ADABATCH_SCALARS} | {"loss"}
     assert expected <= set(scalars)
     assert [s for s, _ in scalars["adabatch/batch_size"]] == [1, 2, 3, 4, 5]
     assert [v for _, v in scalars["adabatch/batch_size"]] == seen

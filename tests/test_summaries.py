@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 import tf_adabatch
 from tf_adabatch import summaries
@@ -13,22 +17,37 @@ from tf_adabatch import summaries
 from conftest import get_strategy
 from helpers import global_micro_batches, mlp, regression_data
 
+# The SimiGrad policy of the test below: its target and bounds are the reference lines.
+TARGET, MIN_BATCH, MAX_BATCH = 0.9, 8, 64
+
 
 def read_scalars(logdir: str) -> tuple[dict[str, list[tuple[int, float]]], set[str]]:
-    """Scalar series by tag, and the tags of the custom-scalars plugin."""
+    """Scalar series by tag, and the tags of the custom-scalars plugin (test_fit uses it)."""
     acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.TENSORS: 0})
     acc.Reload()
     layout_tags = set(acc.PluginTagToContent("custom_scalars"))
     return summaries.read_scalars(logdir), layout_tags
 
 
-def test_every_tag_is_written_with_the_reported_values(tmp_path) -> None:
+def read_layout(logdir: str) -> layout_pb2.Layout:
+    """The custom-scalars layout as written into a run's event file."""
+    acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    (event,) = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
+    return layout_pb2.Layout.FromString(tf.make_ndarray(event.tensor_proto).item())
+
+
+@pytest.fixture(scope="module")
+def simigrad_run(tmp_path_factory) -> tuple[str, str, dict[str, list[float]]]:
+    """Five steps of SimiGrad (target 0.9, batch in [8, 64]) with summaries, and one
+    evaluation written into the sibling eval run, as `experiment.run` lays them out."""
+    root = tmp_path_factory.mktemp("tb")
     strategy = get_strategy(2)
     model = mlp(strategy)
     with strategy.scope():
         optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(0.05), momentum=0.9)
     policy = tf_adabatch.SimiGradPolicy(
-        0.9, initial_batch_size=16, min_batch_size=8, max_batch_size=64
+        TARGET, initial_batch_size=16, min_batch_size=MIN_BATCH, max_batch_size=MAX_BATCH
     )
     trainer = tf_adabatch.Trainer(
         model,
@@ -40,21 +59,88 @@ def test_every_tag_is_written_with_the_reported_values(tmp_path) -> None:
         strategy=strategy,
     )
     x, y = regression_data(512)
-    logdir = str(tmp_path / "tb")
+    train_dir = str(root / summaries.TRAIN_RUN)
+    eval_dir = str(root / summaries.EVAL_RUN)
     history = trainer.fit(
-        global_micro_batches(x, y, 8).repeat(), steps=5, summary_dir=logdir, verbose=0
+        global_micro_batches(x, y, 8).repeat(), steps=5, summary_dir=train_dir, verbose=0
     )
-    scalars, layout_tags = read_scalars(logdir)
-    expected_tags = {f"adabatch/{n}" for n in summaries.ADABATCH_SCALARS} | {"train/loss"}
+    writer = tf.summary.create_file_writer(eval_dir)
+    summaries.write_eval(writer, 5, {"loss": 0.25, "accuracy": 0.75})
+    writer.flush()
+    return train_dir, eval_dir, history
+
+
+def test_every_tag_is_written_with_the_reported_values(simigrad_run) -> None:
+    train_dir, _, history = simigrad_run
+    scalars = summaries.read_scalars(train_dir)
+    expected_tags = {f"adabatch/{n}" for n in summaries.ADABATCH_SCALARS} | {"loss"}
     assert expected_tags <= set(scalars)
     for name in summaries.ADABATCH_SCALARS:
         steps, values = zip(*scalars[f"adabatch/{name}"], strict=True)
         assert list(steps) == [1, 2, 3, 4, 5]
         np.testing.assert_allclose(values, history[name], rtol=1e-6, equal_nan=True)
-    np.testing.assert_allclose([v for _, v in scalars["train/loss"]], history["loss"], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in scalars["loss"]], history["loss"], rtol=1e-6)
     # The batch really adapted (target 0.9 is above what this task gives: it grows).
     assert history["batch_size"][-1] > history["batch_size"][0]
-    assert layout_tags  # the custom-scalars layout was written
+
+
+def test_policy_target_and_bounds_are_lines_at_every_step(simigrad_run) -> None:
+    scalars = summaries.read_scalars(simigrad_run[0])
+    # The values given to SimiGradPolicy above, at each of the five steps (a line).
+    for name, value in (
+        ("target_similarity", TARGET),
+        ("min_batch_size", MIN_BATCH),
+        ("max_batch_size", MAX_BATCH),
+    ):
+        assert scalars[f"adabatch/{name}"] == [(s, pytest.approx(value)) for s in range(1, 6)]
+
+
+def test_train_and_eval_loss_share_one_tag_in_two_runs(simigrad_run) -> None:
+    train_dir, eval_dir, _ = simigrad_run
+    train, evals = summaries.read_scalars(train_dir), summaries.read_scalars(eval_dir)
+    # Keras's TensorBoard callback convention: the same tag, told apart by the run folder.
+    assert summaries.TRAIN_LOSS == summaries.eval_tag("loss") == "loss"
+    assert len(train["loss"]) == 5
+    assert evals == {"loss": [(5, 0.25)], "accuracy": [(5, 0.75)]}
+
+
+# Which series share a scale: a chart may only hold tags of one of these quantities.
+QUANTITY = {
+    "adabatch/min_batch_size": "adabatch/batch_size",
+    "adabatch/max_batch_size": "adabatch/batch_size",
+    "adabatch/target_similarity": "adabatch/similarity",
+}
+
+
+def test_layout_charts_one_quantity_each_and_only_written_tags(simigrad_run) -> None:
+    train_dir, eval_dir, _ = simigrad_run
+    written = set(summaries.read_scalars(train_dir)) | set(summaries.read_scalars(eval_dir))
+    charts = [chart for category in read_layout(train_dir).category for chart in category.chart]
+    charted = set()
+    for chart in charts:
+        matched = {t for regex in chart.multiline.tag for t in written if re.fullmatch(regex, t)}
+        # Every series of the chart is written (no empty line, no empty chart) ...
+        for regex in chart.multiline.tag:
+            assert any(re.fullmatch(regex, t) for t in written), (chart.title, regex)
+        # ... and all of them are one quantity.
+        assert len({QUANTITY.get(t, t) for t in matched}) == 1, (chart.title, matched)
+        charted |= matched
+    assert charted == written  # and every written series is in some chart
+    titles = [chart.title for chart in charts]
+    assert len(titles) == len(set(titles)) == len(written) - len(QUANTITY)
+
+
+def test_a_static_policy_has_no_reference_lines(tmp_path) -> None:
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    policy = tf_adabatch.StaticPolicy(32)
+    summaries.write_layout(writer, policy=policy)
+    summaries.write_step(writer, 1, {"loss": 1.0, "batch_size": 32.0}, policy=policy)
+    writer.flush()
+    assert set(summaries.read_scalars(str(tmp_path))) == {"loss", "adabatch/batch_size"}
+    tags = {
+        t for c in read_layout(str(tmp_path)).category for ch in c.chart for t in ch.multiline.tag
+    }
+    assert not {t for t in tags if "min_batch" in t or "max_batch" in t or "target" in t}
 
 
 def linear_trainer(base) -> tf_adabatch.Trainer:

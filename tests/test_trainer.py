@@ -106,8 +106,32 @@ def test_progress_bar_shows_batch_gain_similarity_and_learning_rate(capsys) -> N
     trainer = make_trainer()
     trainer.fit(data(), steps=2, verbose=1)
     out = capsys.readouterr().out
-    for name in ("loss", "batch_size", "gain", "similarity", "learning_rate", "2/2"):
+    for name in ("loss", "batch_size", "gain", "similarity", "learning_rate", "progress", "2/2"):
         assert name in out
+    assert "/step" in out and "step:" not in out  # the bar itself counts the steps
+
+
+def test_progress_bar_on_a_budget_counts_base_steps_and_shows_optimizer_steps(capsys) -> None:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(0.05, "linear"))
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=optimizer,
+        micro_batch_size=M,
+        base_batch_size=2 * M,
+        policy=tf_adabatch.StaticPolicy(4 * M),
+        strategy=strategy,
+    )
+    trainer.fit(data(), until_progress=6.0, verbose=1)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # The "linear" rule: tau grows by S = 4M / 2M = 2 base steps per optimizer step, so
+    # the budget of 6 base steps takes 3 optimizer steps.
+    assert "6/6" in last and "/base step" in last
+    assert "step: 3.0000" in last
+    assert "progress:" not in last  # the bar is the progress
 
 
 def test_properties_report_the_state() -> None:

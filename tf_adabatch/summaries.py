@@ -1,23 +1,34 @@
 """TensorBoard tags, in one place, and the writers both front doors use.
 
-Every optimizer step writes, with the step (applied and skipped ones counted) as x-axis:
-``adabatch/<name>`` for each name in `ADABATCH_SCALARS`, and ``train/loss``; an
-evaluation writes ``eval/<metric>``. `write_layout` adds a custom-scalars dashboard that
-puts the batch size beside the similarity and the gain beside the learning rate.
+A training job writes two runs, as Keras's TensorBoard callback does: `TRAIN_RUN` and
+`EVAL_RUN`, sibling folders under one log root. Every optimizer step writes into the
+train run, with the step (applied and skipped ones counted) as x-axis:
+``adabatch/<name>`` for each name in `ADABATCH_SCALARS`, the policy's reference lines
+``adabatch/<name>`` for each name in `POLICY_SCALARS` that the policy defines (its batch
+bounds, SimiGrad's target similarity), and the loss as `TRAIN_LOSS`. An evaluation
+writes each metric under `eval_tag(metric)` into the eval run; the train and eval loss
+share one tag, so TensorBoard overlays them. `write_layout` adds a custom-scalars
+dashboard with one quantity per chart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import tensorflow as tf
 
 __all__ = [
     "ADABATCH_SCALARS",
+    "EVAL_RUN",
+    "POLICY_SCALARS",
     "TRAIN_LOSS",
+    "TRAIN_RUN",
     "eval_tag",
     "layout",
+    "policy_scalars",
     "read_scalars",
+    "write_eval",
     "write_layout",
     "write_step",
 ]
@@ -36,20 +47,66 @@ ADABATCH_SCALARS = (
     "samples_seen",
     "skipped_steps",
 )
-TRAIN_LOSS = "train/loss"
+# Policy attribute -> written under "adabatch/<name>" at every step (a flat line beside
+# the quantity it bounds or targets), when the policy has it.
+POLICY_SCALARS = ("min_batch_size", "max_batch_size", "target_similarity")
+# The run folders under a log root, and the loss tag both of them use.
+TRAIN_RUN = "train"
+EVAL_RUN = "eval"
+TRAIN_LOSS = "loss"
 
 
 def eval_tag(metric: str) -> str:
-    """The tag of an evaluation metric.
+    """The tag of an evaluation metric (written into the `EVAL_RUN` folder).
 
-    >>> eval_tag("accuracy")
-    'eval/accuracy'
+    The metric's own name, as Keras's TensorBoard callback does, so that the eval
+    loss shares its tag with the train loss (`TRAIN_LOSS`) and TensorBoard draws both
+    runs in one chart.
+
+    >>> eval_tag("accuracy"), eval_tag("loss") == TRAIN_LOSS
+    ('accuracy', True)
     """
-    return f"eval/{metric}"
+    return metric
 
 
-def write_step(writer: tf.summary.SummaryWriter, step: int, logs: Mapping[str, float]) -> None:
+def policy_scalars(policy: Any) -> dict[str, float]:
+    """The reference values a batch-size policy defines, by name (see `POLICY_SCALARS`).
+
+    Any policy with numeric attributes of these names gets its lines; `None` or a
+    policy without them (e.g. `StaticPolicy`) gives none.
+
+    >>> import tf_adabatch
+    >>> policy_scalars(tf_adabatch.SimiGradPolicy(
+    ...     0.3, initial_batch_size=64, min_batch_size=32, max_batch_size=512))
+    {'min_batch_size': 32.0, 'max_batch_size': 512.0, 'target_similarity': 0.3}
+    >>> policy_scalars(tf_adabatch.StaticPolicy(64))
+    {}
+    """
+    out = {}
+    for name in POLICY_SCALARS:
+        value = getattr(policy, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def write_step(
+    writer: tf.summary.SummaryWriter,
+    step: int,
+    logs: Mapping[str, float],
+    *,
+    policy: Any = None,
+) -> None:
     """Writes one optimizer step's scalars (host-side, from the step's logs).
+
+    Args:
+      writer: the train run's writer.
+      step: the x-axis value (optimizer steps, skipped ones included).
+      logs: the step's logs (`AdaptiveEngine.train_step`); the names of
+        `ADABATCH_SCALARS` and "loss" are written, the others ignored.
+      policy: the batch-size policy; if given, its `policy_scalars` are written too,
+        so that its bounds and target draw as lines beside the batch size and the
+        similarity.
 
     Example:
 
@@ -61,50 +118,113 @@ def write_step(writer: tf.summary.SummaryWriter, step: int, logs: Mapping[str, f
         for name in ADABATCH_SCALARS:
             if name in logs:
                 tf.summary.scalar(f"adabatch/{name}", logs[name])
+        for name, value in policy_scalars(policy).items():
+            tf.summary.scalar(f"adabatch/{name}", value)
         if "loss" in logs:
             tf.summary.scalar(TRAIN_LOSS, logs["loss"])
 
 
-def layout() -> object:
-    """The custom-scalars layout (a `tensorboard` `Layout` proto).
+def write_eval(writer: tf.summary.SummaryWriter, step: int, results: Mapping[str, float]) -> None:
+    """Writes one evaluation's results (name -> value) under `eval_tag(name)`.
+
+    Give it the writer of the `EVAL_RUN` folder, a sibling of the train run's.
+
+    >>> import tempfile
+    >>> write_eval(tf.summary.create_file_writer(tempfile.mkdtemp()), 10,
+    ...            {"loss": 0.4, "accuracy": 0.9})
+    """
+    with writer.as_default(step=step):
+        for name, value in results.items():
+            tf.summary.scalar(eval_tag(name), value)
+
+
+def layout(*, policy: Any = None, metrics: Iterable[str] = ("accuracy",)) -> Any:
+    """The custom-scalars layout (a `tensorboard` `Layout` proto), one quantity per chart.
+
+    A chart holds one quantity, or series on one scale: the batch size with the
+    policy's bounds, the similarity with SimiGrad's target, the loss of the train and
+    eval runs.
+
+    Args:
+      policy: the batch-size policy; its bounds and target are charted when it has
+        them (`policy_scalars`).
+      metrics: the evaluation metrics besides the loss, one chart each.
 
     >>> [category.title for category in layout().category]
-    ['adaptation', 'noise', 'progress']
+    ['loss and evaluation', 'batch size', 'gradient noise', 'learning rate', 'progress']
+    >>> [chart.title for chart in layout().category[0].chart]
+    ['loss (runs train and eval)', 'accuracy (run eval)']
     """
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    def chart(title: str, *tags: str) -> object:
+    lines = policy_scalars(policy)
+
+    def chart(title: str, *tags: str) -> Any:
         return layout_pb2.Chart(
             title=title, multiline=layout_pb2.MultilineChartContent(tag=[f"^{t}$" for t in tags])
         )
 
-    def category(title: str, *charts: object) -> object:
+    def adabatch(title: str, *names: str) -> Any:
+        return chart(title, *(f"adabatch/{n}" for n in names))
+
+    def category(title: str, *charts: Any) -> Any:
         return layout_pb2.Category(title=title, chart=list(charts))
 
+    bounds = [n for n in ("min_batch_size", "max_batch_size") if n in lines]
+    target = [n for n in ("target_similarity",) if n in lines]
     return layout_pb2.Layout(
         category=[
             category(
-                "adaptation",
-                chart("batch size and similarity", "adabatch/batch_size", "adabatch/similarity"),
-                chart("gain and learning rate", "adabatch/gain", "adabatch/learning_rate"),
+                "loss and evaluation",
+                chart(f"loss (runs {TRAIN_RUN} and {EVAL_RUN})", TRAIN_LOSS),
+                *(chart(f"{m} (run {EVAL_RUN})", eval_tag(m)) for m in metrics),
             ),
             category(
-                "noise",
-                chart("noise scale", "adabatch/noise_scale"),
-                chart("|G|^2 and variance", "adabatch/grad_sqr", "adabatch/grad_var"),
+                "batch size",
+                adabatch(
+                    "global batch size" + (" (policy min and max)" if bounds else ""),
+                    "batch_size",
+                    *bounds,
+                ),
+                adabatch("accumulation micro-steps k", "accumulation_steps"),
+            ),
+            category(
+                "gradient noise",
+                adabatch(
+                    "similarity of the two gradient groups" + (" (target)" if target else ""),
+                    "similarity",
+                    *target,
+                ),
+                adabatch("noise scale tr(Sigma) / |G|^2", "noise_scale"),
+                adabatch("|G|^2 (smoothed)", "grad_sqr"),
+                adabatch("variance tr(Sigma) / B0 (smoothed)", "grad_var"),
+            ),
+            category(
+                "learning rate",
+                adabatch("AdaScale gain", "gain"),
+                adabatch("learning rate", "learning_rate"),
             ),
             category(
                 "progress",
-                chart("loss", TRAIN_LOSS),
-                chart("progress and samples", "adabatch/progress", "adabatch/samples_seen"),
-                chart("skipped steps", "adabatch/skipped_steps"),
+                adabatch("progress tau (base steps)", "progress"),
+                adabatch("samples seen", "samples_seen"),
+                adabatch("skipped steps (non-finite gradients)", "skipped_steps"),
             ),
         ]
     )
 
 
-def write_layout(writer: tf.summary.SummaryWriter) -> None:
+def write_layout(
+    writer: tf.summary.SummaryWriter,
+    *,
+    policy: Any = None,
+    metrics: Iterable[str] = ("accuracy",),
+) -> None:
     """Writes the custom-scalars layout once into a run's log directory.
+
+    Args:
+      writer: the train run's writer (TensorBoard merges the layouts of all runs).
+      policy, metrics: see `layout`.
 
     >>> import tempfile
     >>> write_layout(tf.summary.create_file_writer(tempfile.mkdtemp()))
@@ -112,7 +232,8 @@ def write_layout(writer: tf.summary.SummaryWriter) -> None:
     from tensorboard.plugins.custom_scalar import summary as custom_scalar
 
     with writer.as_default():
-        tf.summary.experimental.write_raw_pb(custom_scalar.pb(layout()).SerializeToString(), step=0)
+        pb = custom_scalar.pb(layout(policy=policy, metrics=metrics))
+        tf.summary.experimental.write_raw_pb(pb.SerializeToString(), step=0)
 
 
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:

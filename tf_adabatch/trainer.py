@@ -20,8 +20,11 @@ from tf_adabatch.state import AdaptiveState
 
 __all__ = ["Trainer"]
 
-# Shown on the progress bar, in this order (all as current values, not averages).
-_PROGRESS_KEYS = ("loss", "batch_size", "gain", "similarity", "learning_rate", "progress")
+# Shown on the progress bar, in this order (all as current values, not averages). The
+# second key is the count the bar itself does not show: on a progress budget the bar
+# counts base steps (progress tau) and "step" is the optimizer steps taken (skipped ones
+# included); on a step count the bar counts optimizer steps and "progress" is tau.
+_PROGRESS_KEYS = ("loss", "batch_size", "similarity", "gain", "learning_rate")
 
 
 class Trainer:
@@ -163,11 +166,16 @@ class Trainer:
             the length of the base schedule of the optimizer's `AdaptiveLearningRate`
             (`base_steps`), where it has one.
           summary_dir: if given, write TensorBoard summaries of every step there
-            (tags in `tf_adabatch.summaries`). Nothing is written otherwise.
+            (tags in `tf_adabatch.summaries`), with the policy's bounds and target and
+            the custom-scalars layout. Nothing is written otherwise.
           callbacks: Keras callbacks; they get `on_train_begin/end` and
             `on_train_batch_begin/end(step, logs)` once per optimizer step, and may
             stop training with `model.stop_training = True`.
-          verbose: 1 shows a progress bar; 0 prints nothing.
+          verbose: 1 shows a progress bar with the loss, batch size, similarity, gain
+            and learning rate of the last step. With `steps` it counts optimizer steps
+            and also shows `progress`; on a progress budget alone it counts base steps
+            (progress tau) and also shows `step`, the optimizer steps taken (skipped
+            ones included). 0 prints nothing.
 
         Returns:
           The per-step logs, as lists of floats keyed by name (see
@@ -200,10 +208,11 @@ class Trainer:
         # Without a step count the bar runs on progress tau towards the budget.
         by_progress = steps is None
         progbar = None
+        shown = ("loss", "step" if by_progress else "progress", *_PROGRESS_KEYS[1:])
         if verbose:
             target = until_progress if by_progress else steps
             unit = "base step" if by_progress else "step"
-            progbar = keras.utils.Progbar(target, stateful_metrics=_PROGRESS_KEYS, unit_name=unit)
+            progbar = keras.utils.Progbar(target, stateful_metrics=shown, unit_name=unit)
         history: dict[str, list[float]] = {}
         model = self.engine.model
         hooks = keras.callbacks.CallbackList(callbacks, model=model)
@@ -232,12 +241,12 @@ class Trainer:
             for name, value in values.items():
                 history.setdefault(name, []).append(value)
             if writer is not None:
-                summaries.write_step(writer, int(values["step"]), values)
+                summaries.write_step(writer, int(values["step"]), values, policy=self.engine.policy)
             if progbar is not None:
                 current: float = done
                 if by_progress and until_progress is not None:
                     current = min(values["progress"], until_progress)
-                progbar.update(current, [(name, values[name]) for name in _PROGRESS_KEYS])
+                progbar.update(current, [(name, values[name]) for name in shown])
             hooks.on_train_batch_end(done - 1, values)
         hooks.on_train_end({name: v[-1] for name, v in history.items()} if history else {})
         if writer is not None:
@@ -305,7 +314,7 @@ class Trainer:
             return None
         if summary_dir not in self._writers:
             writer = tf.summary.create_file_writer(summary_dir)
-            summaries.write_layout(writer)
+            summaries.write_layout(writer, policy=self.engine.policy)
             self._writers[summary_dir] = writer
         return self._writers[summary_dir]
 
