@@ -287,6 +287,65 @@ MUTANTS = [
         ("tests/test_policies.py",),
         "with smoothing the controller acts on the debiased average",
     ),
+    # ------------------------------------------------------------- roll-back
+    Mutant(
+        "skip_keeps_forward_pass_writes",
+        "tf_adabatch/engine.py",
+        "tf.cond(applied, lambda: None, self._rollback.restore_local)",
+        "tf.cond(applied, lambda: None, lambda: None)",
+        ("tests/test_rollback.py",),
+        "a skipped step restores BatchNormalization statistics and seed generators",
+    ),
+    Mutant(
+        "non_finite_update_kept",
+        "tf_adabatch/engine.py",
+        "finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None",
+        "finite & ~update_ok, lambda: None, lambda: None",
+        ("tests/test_rollback.py",),
+        "an update that leaves a weight or slot non-finite is rolled back",
+    ),
+    Mutant(
+        "non_finite_update_counted_applied",
+        "tf_adabatch/engine.py",
+        "applied = finite & update_ok",
+        "applied = finite",
+        ("tests/test_rollback.py",),
+        "a non-finite update counts as a skipped step",
+    ),
+    # ------------------------------------------------------ estimated similarity
+    Mutant(
+        "estimated_similarity_from_smoothed_moments",
+        "tf_adabatch/engine.py",
+        "            similarity = step_similarity",
+        "            similarity = S.estimated_similarity(grad_sqr, trace, batch)",
+        ("tests/test_estimated_similarity.py", CLOSED_FORM),
+        "estimated mode reads the step's own moments (no lag)",
+    ),
+    # ---------------------------------------------------------------- goodput
+    Mutant(
+        "goodput_ignores_step_time",
+        "tf_adabatch/policies.py",
+        "gain / tf.where(seconds > 0.0, seconds, 1.0)",
+        "gain / tf.where(seconds > 0.0, 1.0, 1.0)",
+        ("tests/test_goodput.py",),
+        "goodput maximises progress per second, not per step",
+    ),
+    Mutant(
+        "goodput_no_hysteresis",
+        "tf_adabatch/policies.py",
+        "move = tf.reduce_max(rates) > (1.0 + self.hysteresis) *",
+        "move = tf.reduce_max(rates) > (1.0 + 0.0) *",
+        ("tests/test_goodput.py",),
+        "the batch moves only for a predicted gain above the hysteresis",
+    ),
+    Mutant(
+        "throughput_mean_instead_of_median",
+        "tf_adabatch/throughput.py",
+        "points.append((float(k), float(np.median(mine))))",
+        "points.append((float(k), float(np.mean(mine))))",
+        ("tests/test_goodput.py",),
+        "per-k medians make the fit robust to outliers",
+    ),
 ]
 
 
