@@ -46,6 +46,9 @@ ADABATCH_SCALARS = (
     "progress",
     "samples_seen",
     "skipped_steps",
+    "step_time",
+    "examples_per_second",
+    "progress_per_second",
 )
 # Policy attribute -> written under "adabatch/<name>" at every step (a flat line beside
 # the quantity it bounds or targets), when the policy has it.
@@ -151,7 +154,8 @@ def layout(*, policy: Any = None, metrics: Iterable[str] = ("accuracy",)) -> Any
       metrics: the evaluation metrics besides the loss, one chart each.
 
     >>> [category.title for category in layout().category]
-    ['loss and evaluation', 'batch size', 'gradient noise', 'learning rate', 'progress']
+    ['loss and evaluation', 'batch size', 'gradient noise', 'learning rate', 'progress',
+     'speed (host-timed; NaN on steps that traced)']
     >>> [chart.title for chart in layout().category[0].chart]
     ['loss (runs train and eval)', 'accuracy (run eval)']
     """
@@ -208,7 +212,13 @@ def layout(*, policy: Any = None, metrics: Iterable[str] = ("accuracy",)) -> Any
                 "progress",
                 adabatch("progress tau (base steps)", "progress"),
                 adabatch("samples seen", "samples_seen"),
-                adabatch("skipped steps (non-finite gradients)", "skipped_steps"),
+                adabatch("skipped steps (non-finite gradients or updates)", "skipped_steps"),
+            ),
+            category(
+                "speed (host-timed; NaN on steps that traced)",
+                adabatch("seconds per optimizer step", "step_time"),
+                adabatch("examples per second", "examples_per_second"),
+                adabatch("progress per second (base steps / s)", "progress_per_second"),
             ),
         ]
     )
