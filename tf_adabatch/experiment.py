@@ -226,13 +226,17 @@ def restore_newest_readable(
         try:
             if not tf.io.gfile.exists(prefix + ".index"):
                 raise FileNotFoundError(f"{prefix}.index is missing")
+            # Any failure to read a file back means it is damaged (the reader raises
+            # OpErrors, but also IndexError for a truncated data file).
             _read_every_tensor(prefix)
-            status = checkpoint.restore(prefix)
-        except (tf.errors.OpError, OSError) as err:
+        except Exception as err:
             damaged.append((number, _short(err)))
             continue
         try:
-            status.assert_existing_objects_matched()
+            checkpoint.restore(prefix).assert_existing_objects_matched()
+        except (tf.errors.OpError, IndexError) as err:  # read back above: rare
+            damaged.append((number, _short(err)))
+            continue
         except (AssertionError, ValueError) as err:
             raise ResumeError(
                 f"Cannot resume from {prefix}: it does not fit this job's model or "
@@ -244,10 +248,7 @@ def restore_newest_readable(
             moved = _move_aside(directory, bad, stamp) if repair else "left in place"
             notes.append(f"ckpt-{bad} is damaged ({reason}); {moved}")
         if repair:
-            intact = [os.path.join(directory, f"ckpt-{n}") for n in sorted(numbers) if n <= number]
-            tf.compat.v1.train.update_checkpoint_state(
-                directory, prefix, all_model_checkpoint_paths=intact
-            )
+            _write_state_file(directory, [n for n in sorted(numbers) if n <= number])
         return prefix, notes
     if damaged:
         listing = "; ".join(f"ckpt-{n}: {reason}" for n, reason in damaged)
@@ -256,6 +257,25 @@ def restore_newest_readable(
             "Restore them from a backup, or use a new --workdir to start over."
         )
     return None, []
+
+
+def _write_state_file(directory: str, numbers: list[int]) -> None:
+    """Rewrites the `checkpoint` state file (a text CheckpointState proto) atomically.
+
+    The newest of `numbers` becomes the latest; all get their index file's time, after
+    `last_preserved_timestamp`, so that a `CheckpointManager` manages (and, past
+    `max_to_keep`, deletes) them as if it had saved them.
+    """
+    times = [os.path.getmtime(os.path.join(directory, f"ckpt-{n}.index")) for n in numbers]
+    times = [min(t, time.time()) for t in times]
+    lines = [f'model_checkpoint_path: "ckpt-{numbers[-1]}"']
+    lines += [f'all_model_checkpoint_paths: "ckpt-{n}"' for n in numbers]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in times]
+    lines.append(f"last_preserved_timestamp: {min(times) - 1.0!r}")
+    tmp = os.path.join(directory, f"checkpoint.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, os.path.join(directory, "checkpoint"))
 
 
 def _fingerprint(
@@ -275,7 +295,8 @@ def _fingerprint(
         "loss": "sparse_categorical_crossentropy(from_logits=True)",
         "optimizer": "SGD with momentum" if config.optimizer.momentum else "SGD",
         "policy.kind": config.policy.kind,
-        "variables": {v.path: [int(d) for d in v.shape] for v in model.weights},
+        # In order, short names (layer names get process-dependent suffixes).
+        "variables": [f"{v.name}{tuple(int(d) for d in v.shape)}" for v in model.weights],
     }
 
 
@@ -294,11 +315,19 @@ def _check_fingerprint(directory: str, current: dict[str, Any]) -> None:
     for key, value in current.items():
         if stored.get(key) != value:
             if key == "variables":
-                old = stored.get(key) or {}
-                names = sorted(set(old).symmetric_difference(value)) or sorted(
-                    n for n in value if old.get(n) != value[n]
+                old = list(stored.get(key) or [])
+                first = next(
+                    (
+                        i
+                        for i, pair in enumerate(zip(old, value, strict=False))
+                        if len(set(pair)) > 1
+                    ),
+                    min(len(old), len(value)),
                 )
-                differ.append(f"variables ({len(names)} differ, e.g. {names[0]})")
+                differ.append(
+                    f"variables ({len(old)} in the checkpoint, {len(value)} now; the first "
+                    f"difference at #{first}: {[*old, '-'][first]} vs {[*value, '-'][first]})"
+                )
             else:
                 differ.append(f"{key} {stored.get(key)!r} (checkpoint) vs {value!r} (now)")
     if differ:
@@ -622,7 +651,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     base_steps = max(1, math.ceil(config.train.base_epochs * len(x) / b0))
     eval_every = config.train.eval_every_base_epochs * len(x) / b0
     with strategy.scope():
-        model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
+        try:
+            model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
+        except ValueError as err:  # e.g. the CNN's poolings on 8x8 images
+            raise ConfigError(
+                f"Config fields `model`, `dataset`: model {config.model!r} cannot take "
+                f"dataset {config.dataset!r} inputs of shape {tuple(x.shape[1:])} "
+                f"({' '.join(str(err).split())[:200]})"
+            ) from err
         optimizer = _optimizer(config, base_steps)
     try:
         trainer = Trainer(
