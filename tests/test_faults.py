@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
 OVERRIDES = {
     "deterministic": True,
-    "train.base_epochs": 0.5,  # 15 optimizer steps, 184 micro-batches of 16
+    "train.base_epochs": 0.35,  # 12 optimizer steps, 136 micro-batches of 16
     "train.checkpoint_every_steps": 2,
     "train.eval_every_base_epochs": 1.0,  # one evaluation, at the end
     "policy.target_similarity": 0.3,  # the batch adapts
@@ -93,7 +93,7 @@ def test_kills_and_damage_then_rerun_ends_as_an_uninterrupted_run(tmp_path: Path
     # garble_state damages no checkpoint: give it to run C, which also gets one more.
     order.remove("garble_state")
     faults = [
-        ({"micro_batch": int(rng.integers(30, 60))}, [order[0]]),
+        ({"micro_batch": int(rng.integers(24, 44))}, [order[0]]),
         ({"save": 2, "at": "merge"}, [order[1]]),
         ({"save": 2, "at": "record"}, [order[2], "garble_state"]),
     ]
