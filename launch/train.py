@@ -69,7 +69,8 @@ def import_tensorflow_quietly() -> None:
                 severity = "IWEF".find(line[:1]) if re.match(r"^[IWEF]\d{4} ", line) else 3
                 if "before absl::InitializeLog()" in line or severity < level:
                     continue
-                if line not in shown:
+                message = line.split("] ", 1)[-1]  # the same line, another timestamp
+                if all(message != seen.split("] ", 1)[-1] for seen in shown):
                     shown.append(line)
             for line in shown:
                 print(line, file=sys.stderr)
@@ -103,15 +104,24 @@ def _config_file_error(err: BaseException, argv: list[str]) -> str | None:
     if path is None:
         return None
     path = os.path.abspath(path.split(":", 1)[0])  # FILE:override
-    if isinstance(err, SyntaxError) and err.filename and os.path.abspath(err.filename) == path:
-        return f"--config: {path} line {err.lineno}: {err.msg}"
-    lines = [
-        frame.lineno
-        for frame in traceback.extract_tb(err.__traceback__)
-        if os.path.abspath(frame.filename) == path
-    ]
-    if lines:
-        return f"--config: {path} line {lines[-1]}: {type(err).__name__}: {err}"
+    # ml_collections wraps some errors (the original is then the cause or context).
+    chain: list[BaseException] = [err]
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__):
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    for cause in chain:
+        if (
+            isinstance(cause, SyntaxError)
+            and cause.filename
+            and os.path.abspath(cause.filename) == path
+        ):
+            return f"--config: {path} line {cause.lineno}: {cause.msg}"
+        lines = [
+            frame.lineno
+            for frame in traceback.extract_tb(cause.__traceback__)
+            if os.path.abspath(frame.filename) == path
+        ]
+        if lines:
+            return f"--config: {path} line {lines[-1]}: {type(cause).__name__}: {cause}"
     if isinstance(err, OSError):  # ml_collections reports a missing file on first use
         return f"--config: {err}"
     return None
