@@ -65,7 +65,11 @@ POLICIES = ("static", "simigrad", "noise_scale")
 
 
 class ConfigError(ValueError):
-    """A config field breaks a rule; the message names the field, rule and value."""
+    """A config field (or the workdir) breaks a rule; the message names it, the rule and the value.
+
+    >>> issubclass(ConfigError, ValueError)
+    True
+    """
 
 
 class ResumeError(RuntimeError):
