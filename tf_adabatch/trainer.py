@@ -152,7 +152,11 @@ class Trainer:
                 ds = fn(ctx)
                 if not isinstance(ds, tf.data.Dataset):
                     raise ValueError(f"{rule}. Received: {type(ds).__name__}")
-                dims = [s.shape[0] if s.shape.rank else 0 for s in tf.nest.flatten(ds.element_spec)]
+                # Scalars have no batch dimension (0); an unknown rank, an unknown one.
+                dims = [
+                    s.shape[0] if s.shape.rank else (None if s.shape.rank is None else 0)
+                    for s in tf.nest.flatten(ds.element_spec)
+                ]
                 if any(d is not None and d != micro for d in dims):
                     raise ValueError(f"{rule}. Received: batch dimensions {dims}")
                 if None not in dims:
