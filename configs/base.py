@@ -26,7 +26,8 @@ Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
   train.base_epochs         the budget: epochs at the base batch (progress tau)
   train.max_steps           optional cap on optimizer steps (None: no cap)
   train.checkpoint_every_steps, eval_every_base_epochs, eval_batch_size
-  train.max_consecutive_skips  stop after this many non-finite steps in a row (None: never)
+  train.max_consecutive_skips  stop after this many non-finite steps in a row (None: never;
+                            on the command line `--config.train.max_consecutive_skips=None`)
 """
 
 from ml_collections import config_dict

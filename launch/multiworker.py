@@ -6,7 +6,8 @@ r"""Runs N workers of launch/train.py on this machine (127.0.0.1), for trying mu
 Each worker gets TF_CONFIG with the cluster (free loopback ports) and its index, and
 `--config.strategy=multi_worker` and the same --workdir; worker i > 0 writes its log to
 WORKDIR/worker-i.log, worker 0 to this terminal. All workers are stopped if one
-fails or the timeout passes; the exit code is the first failing worker's. Worker 0 (the
+fails or the timeout passes; the exit code is the first failing worker's (4 if it was
+killed by a signal, as launch/train.py's code for a lost worker; 124 on timeout). Worker 0 (the
 chief) writes checkpoints, TensorBoard logs and metrics into WORKDIR, worker i > 0 into
 WORKDIR/worker-i (MultiWorkerMirroredStrategy needs every worker to save); all resume
 from the chief's checkpoints, so rerunning the same command resumes.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +35,7 @@ _TIMEOUT = flags.DEFINE_integer(
     "timeout", 1800, "Seconds before every worker is stopped.", lower_bound=1
 )
 
+LOST_WORKER = 4  # launch/train.py's exit code for a multi-worker run that lost a worker
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 
@@ -80,12 +83,22 @@ def launch(train_args: list[str], num_workers: int, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
             codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
+                index, code = failed[0]
+                if code < 0:  # killed by a signal: a lost worker, as train.py's exit 4
+                    name = signal.Signals(-code).name
+                    print(
+                        f"error: worker {index} was killed ({name}); stopping the others. "
+                        "Rerun the same command to resume from the chief's last checkpoint.",
+                        file=sys.stderr,
+                    )
+                    return LOST_WORKER
                 print(
-                    f"error: a worker exited with {failed[0]}; stopping the others", file=sys.stderr
+                    f"error: worker {index} exited with {code}; stopping the others",
+                    file=sys.stderr,
                 )
-                return failed[0]
+                return code
             if all(c == 0 for c in codes):
                 return 0
             if time.monotonic() > deadline:

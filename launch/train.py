@@ -2,15 +2,25 @@ r"""Trains one config: flags in, `tf_adabatch.experiment.run(config, workdir)` o
 
     python launch/train.py --config=configs/fashion_mnist.py --workdir=workdir/fashion_mnist
 
-Override any field: `--config.policy.target_similarity=0.3`. The config is locked, so
-a mistyped field is an error that names the closest existing one. Rerunning the same
-command on the same workdir resumes from its last checkpoint.
+Override any field: `--config.policy.target_similarity=0.3`; `--config.FIELD=None` sets
+a field that may be None (e.g. `--config.train.max_consecutive_skips=None`: never
+stop). The config is locked, so a mistyped field is an error that names the closest
+existing one. Rerunning the same command on the same workdir resumes from its newest
+intact checkpoint.
+
+Exit codes: 0 done; 2 bad flag, config, workdir, or checkpoints that cannot be resumed
+(one line on stderr); 3 stopped on `train.max_consecutive_skips` non-finite steps in a
+row; 4 multi-worker: lost a worker.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
+import traceback
+from typing import NoReturn
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -27,29 +37,58 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Output folder (checkpoints, TensorBoard, metrics)."
 )
 flags.mark_flags_as_required(["config", "workdir"])
+_NONE = re.compile(r"^--config\.([A-Za-z_][\w.]*)=None$")
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit code 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with its C++ start-up lines filtered by TF_CPP_MIN_LOG_LEVEL.
+
+    TensorFlow's C++ logging writes to stderr before it is configured, ignoring
+    TF_CPP_MIN_LOG_LEVEL, and two of its libraries each print the same lines. The
+    import's stderr is captured and the lines at or above the level are printed once.
+    """
+    level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or 0)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            shown: list[str] = []
+            for line in captured.read().decode(errors="replace").splitlines():
+                severity = "IWEF".find(line[:1]) if re.match(r"^[IWEF]\d{4} ", line) else 3
+                if "before absl::InitializeLog()" in line or severity < level:
+                    continue
+                message = line.split("] ", 1)[-1]  # the same line, another timestamp
+                if all(message != seen.split("] ", 1)[-1] for seen in shown):
+                    shown.append(line)
+            for line in shown:
+                print(line, file=sys.stderr)
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # positional arguments are refused by `parse_flags`
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the progress bar
+    import_tensorflow_quietly()
     from tf_adabatch import experiment
-
-    try:
-        config = _CONFIG.value
-        config.keys()  # a config that failed to load raises on first use
-    except OSError as err:  # ml_collections reports a bad config file on first use
-        print(f"error: --config: {' '.join(str(err).split())}", file=sys.stderr)
-        sys.exit(2)
     from tf_adabatch.engine import NonFiniteGradientsError
 
     try:
-        experiment.run(config, _WORKDIR.value)
-    except experiment.ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        experiment.run(_CONFIG.value, _WORKDIR.value)
+    except (experiment.ConfigError, experiment.ResumeError) as err:
+        fail(str(err))
     except NonFiniteGradientsError as err:
         # No checkpoint was written while steps were skipped: the last one predates them.
         print(f"error: {err}", file=sys.stderr)
@@ -59,16 +98,74 @@ def main(argv: list[str]) -> None:
         sys.exit(4)
 
 
+def _config_file_error(err: BaseException, argv: list[str]) -> str | None:
+    """'--config: FILE line N: ...' when `err` came from the config file itself."""
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if path is None:
+        return None
+    path = os.path.abspath(path.split(":", 1)[0])  # FILE:override
+    # ml_collections wraps some errors (the original is then the cause or context).
+    chain: list[BaseException] = [err]
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__):
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    for cause in chain:
+        if (
+            isinstance(cause, SyntaxError)
+            and cause.filename
+            and os.path.abspath(cause.filename) == path
+        ):
+            return f"--config: {path} line {cause.lineno}: {cause.msg}"
+        lines = [
+            frame.lineno
+            for frame in traceback.extract_tb(cause.__traceback__)
+            if os.path.abspath(frame.filename) == path
+        ]
+        if lines:
+            return f"--config: {path} line {lines[-1]}: {type(cause).__name__}: {cause}"
+    if isinstance(err, OSError):  # ml_collections reports a missing file on first use
+        return f"--config: {err}"
+    return None
+
+
+def _flag_error(err: BaseException) -> str:
+    message = " ".join(str(err).replace("\\'", "'").replace("\\n", " ").split())
+    if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
+        message = message[1:-1]
+    # "flag --config.x=abc: invalid literal for int() with base 10: 'abc'"
+    m = re.match(
+        r"flag --config\.([\w.]+)=(.*?): (invalid literal for int|could not convert)", message
+    )
+    if m:
+        kind = "an integer" if m.group(3).startswith("invalid literal") else "a number"
+        return f"Config field `{m.group(1)}` must be {kind}. Received: {m.group(1)}={m.group(2)!r}"
+    return message
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with any bad flag or override reported as one line, exit code 2."""
+    """absl's parsing, with any bad flag, override or config file reported as one line, exit 2.
+
+    `--config.FIELD=None` is applied after parsing (absl cannot parse None for a
+    typed field); positional arguments are refused.
+    """
+    nones = [m.group(1) for a in argv[1:] if (m := _NONE.match(a))]
     try:
-        return flags.FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as err:
-        message = " ".join(str(err).replace("\\'", "'").replace("\\n", " ").split())
-        if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
-            message = message[1:-1]
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        rest = flags.FLAGS([a for a in argv if not _NONE.match(a)])
+        config = _CONFIG.value
+        config.keys()  # a config that failed to load raises on first use
+    except Exception as err:  # reported as one line, whatever it is
+        fail(_config_file_error(err, argv) or _flag_error(err))
+    if len(rest) > 1:
+        fail(f"unexpected positional argument(s): {' '.join(rest[1:])} (flags are --name=value)")
+    for field in nones:
+        *parents, leaf = field.split(".")
+        try:
+            node = config
+            for parent in parents:
+                node = node[parent]
+            node[leaf] = None
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            fail(f"flag --config.{field}=None: {_flag_error(err)}")
+    return rest
 
 
 if __name__ == "__main__":

@@ -5,18 +5,20 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from configs import base
-from tf_adabatch import experiment
+from tf_adabatch import experiment, summaries
 from tf_adabatch.data import pipeline
 from tf_adabatch.models import build_model
 
@@ -123,6 +125,15 @@ def test_bad_value_fails_with_one_clear_line(tmp_path: Path) -> None:
     )
 
 
+def with_value(field: str, value) -> ml_collections.ConfigDict:
+    """base.get_config() with `field` set to `value` of any type (a ConfigDict built from
+    a dict, as a config file may do; the base's typed fields refuse other types)."""
+    values = base.get_config().to_dict()
+    parent, _, leaf = field.rpartition(".")
+    (values[parent] if parent else values)[leaf] = value
+    return ml_collections.ConfigDict(values)
+
+
 @pytest.mark.parametrize(
     "field,value,match",
     [
@@ -154,27 +165,276 @@ def test_bad_value_fails_with_one_clear_line(tmp_path: Path) -> None:
         (
             "policy.max_batch_size",
             2000,
-            r"Config field `policy.max_batch_size` must be a multiple of num_cpu_replicas x micro_batch_size = 128 to be reachable. Received: policy.max_batch_size=2000",
+            r"Config field `policy.max_batch_size` must be a multiple of num_cpu_replicas x micro_batch_size = 4 x 32 = 128 to be reachable. Received: policy.max_batch_size=2000",
         ),
         (
             "base_batch_size",
             0,
-            r"Config field `base_batch_size` must be >= 1. Received: base_batch_size=0",
+            r"Config field `base_batch_size` must be an integer >= 1. Received: base_batch_size=0",
         ),
-        ("train.base_epochs", -1.0, r"Config field `train.base_epochs` must be > 0"),
+        (
+            "train.base_epochs",
+            -1.0,
+            r"Config field `train.base_epochs` must be a finite number > 0",
+        ),
         (
             "train.max_consecutive_skips",
             0,
-            r"Config field `train.max_consecutive_skips` must be None or >= 1. Received: train.max_consecutive_skips=0",
+            r"Config field `train.max_consecutive_skips` must be an integer >= 1 or None. Received: train.max_consecutive_skips=0",
+        ),
+        (
+            "train.base_epochs",
+            float("inf"),
+            r"Config field `train.base_epochs` must be a finite number > 0. Received: train.base_epochs=inf",
+        ),
+        (
+            "train.eval_batch_size",
+            0,
+            r"Config field `train.eval_batch_size` must be an integer >= 1. Received: train.eval_batch_size=0",
+        ),
+        ("seed", -1, r"Config field `seed` must be an integer >= 0. Received: seed=-1"),
+        (
+            "micro_batch_size",
+            "32",
+            r"Config field `micro_batch_size` must be an integer >= 1. Received: micro_batch_size='32'",
+        ),
+        (
+            "optimizer.learning_rate",
+            "0.1",
+            r"Config field `optimizer.learning_rate` must be a finite number > 0. Received: optimizer.learning_rate='0.1'",
+        ),
+        (
+            "optimizer.learning_rate",
+            float("inf"),
+            r"Config field `optimizer.learning_rate` must be a finite number > 0. Received: optimizer.learning_rate=inf",
+        ),
+        (
+            "lr.warmup_base_epochs",
+            1.0,
+            r"Config field `lr.warmup_base_epochs` must be 0 unless lr.rule='linear' \(lr.rule='adascale' has no warm-up\). Received: lr.warmup_base_epochs=1.0",
+        ),
+        (
+            "train.max_steps",
+            2.5,
+            r"Config field `train.max_steps` must be an integer >= 1 or None. Received: train.max_steps=2.5",
         ),
     ],
 )
 def test_validate_config_names_field_rule_and_value(field: str, value, match: str) -> None:
-    config = base.get_config()
-    parent, _, leaf = field.rpartition(".")
-    (config[parent] if parent else config)[leaf] = value
+    config = with_value(field, value)
     with pytest.raises(experiment.ConfigError, match=match):
         experiment.validate_config(config)
+
+
+def test_a_static_batch_must_be_reachable() -> None:
+    """Static policy: the batch must be a multiple of replicas x micro-batch (4 x 32)."""
+    config = base.get_config()
+    config.policy.kind = "static"
+    config.policy.initial_batch_size = 200
+    with pytest.raises(
+        experiment.ConfigError,
+        match=r"Config field `policy.initial_batch_size` must be a multiple of num_cpu_replicas x micro_batch_size = 4 x 32 = 128 to be reachable. Received: policy.initial_batch_size=200",
+    ):
+        experiment.validate_config(config)
+    # One device in exact-similarity mode: two micro-steps at least.
+    config.strategy, config.policy.initial_batch_size = "one_device", 32
+    with pytest.raises(
+        experiment.ConfigError,
+        match=r"multiple of replicas \(one_device\) x micro_batch_size = 1 x 32 = 32, at least 64 .* Received: policy.initial_batch_size=32",
+    ):
+        experiment.validate_config(config)
+    config.policy.initial_batch_size = 64
+    experiment.validate_config(config)
+
+
+def test_numpy_integers_and_none_are_valid_config_values() -> None:
+    config = with_value("micro_batch_size", np.int64(32))
+    config.train.max_consecutive_skips = None  # never stop (configs/base.py)
+    config.train.max_steps = None
+    experiment.validate_config(config)
+    experiment.validate_config(with_value("train.max_steps", np.int32(5)))
+
+
+def test_mirrored_batch_bounds_are_checked_against_the_gpus_when_there_are_some(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2 GPUs x micro-batch 32 = 64: a max batch of 2112 = 33 x 64 is reachable on the
+    GPUs (not on the 4 CPU replicas that num_cpu_replicas would simulate without them)."""
+    config = base.get_config()
+    config.policy.max_batch_size = 2112
+    with pytest.raises(experiment.ConfigError, match="num_cpu_replicas x micro_batch_size"):
+        experiment.validate_config(config)
+    real = tf.config.list_physical_devices
+    gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else real(kind)
+    )
+    experiment.validate_config(config)
+    config.policy.max_batch_size = 2080
+    with pytest.raises(
+        experiment.ConfigError,
+        match=r"must be a multiple of local GPUs x micro_batch_size = 2 x 32 = 64 to be reachable. Received: policy.max_batch_size=2080",
+    ):
+        experiment.validate_config(config)
+
+
+def test_config_that_is_not_a_config_dict_is_refused() -> None:
+    with pytest.raises(
+        experiment.ConfigError,
+        match=r"Argument `config` must be an ml_collections.ConfigDict .* Received: config of type dict",
+    ):
+        experiment.validate_config({"dataset": "digits"})
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        ("def get_config(:\n", r"line 1: invalid syntax"),
+        (
+            "def get_config():\n    return undefined_name\n",
+            r"line 2: NameError: name 'undefined_name' is not defined",
+        ),
+        ("def get_config():\n    return {'seed': 0}\n", None),
+        (
+            "from configs import base\n\n\ndef get_config():\n    c = base.get_config()\n"
+            "    c.micro_batch_size = '32'\n    return c\n",
+            r"line 6: TypeError: Could not override field 'micro_batch_size' .*"
+            r"32 is of original type <class 'str'> and cannot be casted to type <class 'int'>",
+        ),
+    ],
+    ids=["syntax_error", "name_error", "plain_dict", "string_number"],
+)
+def test_broken_config_file_fails_with_one_clear_line(
+    tmp_path: Path, source: str, expected: str | None
+) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text(source)
+    result = launch(str(path), tmp_path / "workdir", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    if expected is None:
+        assert "Argument `config` must be an ml_collections.ConfigDict" in errors[0]
+        assert "Received: config of type dict" in errors[0]
+    else:
+        assert errors[0].startswith(f"error: --config: {path} ")
+        assert re.search(expected, errors[0]), errors[0]
+
+
+@pytest.mark.parametrize(
+    "flag,expected",
+    [
+        ("stray", "error: unexpected positional argument(s): stray (flags are --name=value)"),
+        (
+            "--config.micro_batch_size=abc",
+            "error: Config field `micro_batch_size` must be an integer. Received: micro_batch_size='abc'",
+        ),
+        (
+            "--config.optimizer.learning_rate=fast",
+            "error: Config field `optimizer.learning_rate` must be a number. Received: optimizer.learning_rate='fast'",
+        ),
+        (
+            "--config.micro_batch_size=None",
+            "error: Config field `micro_batch_size` must be an integer >= 1. Received: micro_batch_size=None",
+        ),
+    ],
+)
+def test_bad_flag_fails_with_one_clear_line(tmp_path: Path, flag: str, expected: str) -> None:
+    result = launch("synthetic.py", tmp_path, flag, timeout=180)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [expected]
+
+
+def test_workdir_that_is_a_file_fails_with_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "a_file"
+    path.write_text("")
+    result = launch("synthetic.py", path, timeout=180)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert (
+        f"error: Argument `workdir` must be a writable folder (or a path where one can be created). Received: workdir='{path}' (a file)"
+        in result.stderr.splitlines()
+    )
+
+
+def test_unreadable_checkpoints_stop_with_one_line_and_none_overrides_parse(tmp_path: Path) -> None:
+    """Checkpoints that exist but cannot be read: exit 2 and one line, nothing started
+    over. The run gets that far only if `--config.X=None` parsed; TF's C++ start-up
+    lines (at TF_CPP_MIN_LOG_LEVEL=0) are printed once, not twice."""
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "ckpt-3.index").write_bytes(b"garbage index")
+    (ckpts / "ckpt-3.data-00000-of-00001").write_bytes(b"garbage data")
+    before = sorted(p.name for p in ckpts.iterdir())
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        f"--config={ROOT / 'configs' / 'synthetic.py'}",
+        f"--workdir={tmp_path}",
+        "--config.train.max_consecutive_skips=None",
+        "--config.train.max_steps=None",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: No readable checkpoint in {ckpts}")
+    assert "ckpt-3: " in errors[0]
+    assert sorted(p.name for p in ckpts.iterdir()) == before  # nothing renamed or deleted
+    for line in set(result.stderr.splitlines()):
+        if re.match(r"^[IWEF]\d{4} ", line):
+            assert result.stderr.count(line.split("] ", 1)[-1]) == 1, line
+    assert "before absl::InitializeLog()" not in result.stderr
+
+
+def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -> None:
+    result = launch(
+        "synthetic.py",
+        tmp_path,
+        "--config.strategy=one_device",
+        "--config.train.max_steps=6",
+        "--config.train.eval_every_base_epochs=0.05",
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [
+        line
+        for line in result.stdout.replace("\r", "\n").splitlines()
+        if "Evaluation at step" in line
+    ]
+    # Each evaluation on its own line (not glued to the progress bar), one per
+    # evaluation written to TensorBoard.
+    assert lines and all(line.startswith("Evaluation at step ") for line in lines), lines
+    written = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))["eval/loss"]
+    assert [int(line.split()[3]) for line in lines] == [step for step, _ in written]
+    assert len(lines) >= 2
+
+
+def test_multiworker_launcher_exits_4_when_a_worker_is_killed(tmp_path: Path) -> None:
+    """Worker 1's config file SIGKILLs its own process: the launcher stops worker 0 and
+    exits with train.py's lost-worker code 4, not 256 - 9."""
+    config = tmp_path / "dies_on_worker_1.py"
+    config.write_text(
+        "import json, os, signal\n"
+        "from configs import synthetic\n\n\n"
+        "def get_config():\n"
+        "    if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return synthetic.get_config()\n"
+    )
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "multiworker.py"),
+        "--num_workers=2",
+        "--timeout=120",
+        "--",
+        f"--config={config}",
+        f"--workdir={tmp_path / 'run'}",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert result.returncode == 4, result.stderr[-2000:]
+    assert "error: worker 1 was killed (SIGKILL); stopping the others." in result.stderr
 
 
 def test_missing_config_file_fails_with_one_clear_line(tmp_path: Path) -> None:

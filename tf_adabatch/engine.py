@@ -24,6 +24,7 @@ and serves the custom loop (`tf_adabatch.Trainer`) and, later, `model.fit`.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -830,7 +831,7 @@ class AdaptiveEngine:
         unit = self.num_replicas * self.micro_batch_size
         if (
             isinstance(batch_size, bool)
-            or not isinstance(batch_size, int)
+            or not isinstance(batch_size, numbers.Integral)  # int, np.int64, ...
             or batch_size % unit
             or batch_size < unit * self._min_k
         ):
@@ -838,11 +839,12 @@ class AdaptiveEngine:
             if self._min_k > 1:
                 rule += f", at least {unit * self._min_k} (one replica in exact-similarity mode needs >= 2 micro-steps to form two groups; or use similarity='estimated')"
             raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={batch_size!r}")
-        return batch_size // unit
+        return int(batch_size) // unit
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    # Any integer type (int, np.int64, ...) but not bool.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(
             f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
         )

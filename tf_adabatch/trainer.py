@@ -123,7 +123,10 @@ class Trainer:
             - an already distributed dataset.
 
         Raises:
-          ValueError: if a dataset's batch dimension is not the global micro-batch.
+          ValueError: if a dataset's batch dimension is not the global micro-batch,
+            or a function's datasets' is not `micro_batch_size`. Where a function's
+            batch dimension is not static, each micro-batch is checked as it is read
+            (`tf.errors.InvalidArgumentError` naming the rule).
         """
         strategy = self.engine.strategy
         if isinstance(dataset, tf.data.Dataset):
@@ -141,7 +144,43 @@ class Trainer:
             return strategy.experimental_distribute_dataset(dataset)
         if callable(dataset):
             fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] = dataset
-            return strategy.distribute_datasets_from_function(fn)
+            micro = int(self.engine.micro_batch_size)
+            rule = (
+                "Argument `dataset` (a function) must return a `tf.data.Dataset` of "
+                f"per-replica micro-batches of micro_batch_size = {micro} examples "
+                f"(`.batch({micro}, drop_remainder=True)`)"
+            )
+
+            def checked_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+                ds = fn(ctx)
+                if not isinstance(ds, tf.data.Dataset):
+                    raise ValueError(f"{rule}. Received: {type(ds).__name__}")
+                # Scalars have no batch dimension (0); an unknown rank, an unknown one.
+                dims = [
+                    s.shape[0] if s.shape.rank else (None if s.shape.rank is None else 0)
+                    for s in tf.nest.flatten(ds.element_spec)
+                ]
+                if any(d is not None and d != micro for d in dims):
+                    raise ValueError(f"{rule}. Received: batch dimensions {dims}")
+                if None not in dims:
+                    return ds
+
+                # Batch size unknown until run time (no drop_remainder): checked per
+                # element in the input pipeline, a cheap in-graph assertion.
+                def check(*element: Any) -> Any:
+                    value = element[0] if len(element) == 1 else element
+                    checks = [
+                        tf.debugging.assert_equal(
+                            tf.shape(t)[0], micro, message=f"{rule}; batch dimension of"
+                        )
+                        for t in tf.nest.flatten(value)
+                    ]
+                    with tf.control_dependencies(checks):
+                        return tf.nest.map_structure(tf.identity, value)
+
+                return ds.map(check)
+
+            return strategy.distribute_datasets_from_function(checked_fn)
         return dataset
 
     def fit(

@@ -1,0 +1,201 @@
+"""Resuming `experiment.run`: damaged checkpoints, another job's checkpoints, temporaries.
+
+In-process, one device, the synthetic config: a base workdir with ckpt-2 and ckpt-4
+(a checkpoint every 2 optimizer steps), copied for each test. The kills themselves,
+in a subprocess, are tests/test_faults.py's.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from configs import synthetic
+from tf_adabatch import experiment
+
+
+def config(**overrides):
+    c = synthetic.get_config()
+    c.strategy = "one_device"
+    c.train.checkpoint_every_steps = 2
+    c.train.max_steps = 4
+    c.train.eval_every_base_epochs = 100.0  # only the final evaluation
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = c
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return c
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("base")
+    experiment.run(config(), str(workdir), verbose=0)
+    return workdir
+
+
+@pytest.fixture
+def workdir(base_run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(base_run, copy)
+    assert sorted(p.name for p in (copy / "checkpoints").glob("ckpt-*.index")) == [
+        "ckpt-2.index",
+        "ckpt-4.index",
+    ]
+    return copy
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def damage(ckpt_dir: Path, kind: str, number: int) -> None:
+    data = ckpt_dir / f"ckpt-{number}.data-00000-of-00001"
+    if kind == "truncate":
+        data.write_bytes(data.read_bytes()[:100])
+    elif kind == "flip":
+        blob = bytearray(data.read_bytes())
+        for offset in range(7, len(blob), 97):  # a byte in every 97, all over the file
+            blob[offset] ^= 0x5A
+        data.write_bytes(bytes(blob))
+    elif kind == "delete_index":
+        (ckpt_dir / f"ckpt-{number}.index").unlink()
+    elif kind == "delete_data":
+        data.unlink()
+    elif kind == "garble_index":
+        (ckpt_dir / f"ckpt-{number}.index").write_bytes(b"not an index" * 10)
+    else:
+        raise ValueError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["truncate", "flip", "delete_index", "delete_data", "garble_index"]
+)
+def test_damaged_newest_checkpoint_is_passed_over_kept_aside_and_its_number_reused(
+    workdir: Path, kind: str, capsys
+) -> None:
+    ckpts = workdir / "checkpoints"
+    damage(ckpts, kind, 4)
+    damaged = {n: b for n, b in files(ckpts).items() if n.startswith("ckpt-4.")}
+    metrics = experiment.run(config(**{"train.max_steps": 6}), str(workdir))
+    out, err = capsys.readouterr()
+    # Resumed from the older intact checkpoint, with one warning line naming the damage.
+    assert f"Resumed from {ckpts / 'ckpt-2'}: step 2," in out
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ckpt-4 is damaged ("), err
+    assert warnings[0].endswith(f"resuming from {ckpts / 'ckpt-2'}")
+    # The damaged files were renamed, not deleted or overwritten: same bytes.
+    aside = {
+        re.sub(r"\.damaged-\d{8}T\d{6}", "", p.name): p.read_bytes()
+        for p in ckpts.glob("ckpt-4.damaged-*")
+    }
+    assert aside == damaged
+    # Training went on from step 2 and saved a new, readable ckpt-4 and ckpt-6.
+    assert metrics["optimizer_steps"] == 6
+    assert tf.train.latest_checkpoint(str(ckpts)) == str(ckpts / "ckpt-6")
+    reader = tf.train.load_checkpoint(str(ckpts / "ckpt-4"))
+    assert int(reader.get_tensor("adabatch/steps/.ATTRIBUTES/VARIABLE_VALUE")) == 4
+    # max_to_keep=2 deleted the intact ckpt-2 (restored, so known readable) only after
+    # two newer saves; nothing else was deleted.
+    kept = sorted(p.name for p in ckpts.iterdir() if re.fullmatch(r"ckpt-\d+\.index", p.name))
+    assert kept == ["ckpt-4.index", "ckpt-6.index"]
+
+
+def test_garbled_state_file_is_ignored_and_rewritten(workdir: Path, capsys) -> None:
+    ckpts = workdir / "checkpoints"
+    (ckpts / "checkpoint").write_bytes(b"\x00\xffgarbage {{{")
+    experiment.run(config(**{"train.max_steps": 6}), str(workdir))
+    out, err = capsys.readouterr()
+    assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
+    assert "warning: ckpt-" not in err
+    assert tf.train.latest_checkpoint(str(ckpts)) == str(ckpts / "ckpt-6")
+
+
+def test_no_readable_checkpoint_stops_and_changes_nothing(workdir: Path) -> None:
+    ckpts = workdir / "checkpoints"
+    damage(ckpts, "truncate", 4)
+    damage(ckpts, "delete_index", 2)
+    before = files(ckpts)
+    with pytest.raises(
+        experiment.ResumeError,
+        match=r"No readable checkpoint in .*checkpoints \(all left in place\): ckpt-4: .*; ckpt-2: FileNotFoundError",
+    ):
+        experiment.run(config(**{"train.max_steps": 6}), str(workdir), verbose=0)
+    assert files(ckpts) == before
+
+
+def test_stale_save_temporaries_are_removed_and_allowed_changes_resume(
+    workdir: Path, capsys
+) -> None:
+    """A kill during a save leaves ckpt-N_temp/; the next run removes it. Replicas,
+    micro-batch, learning rate, policy bounds and eval settings may change."""
+    ckpts = workdir / "checkpoints"
+    (ckpts / "ckpt-6_temp").mkdir()
+    (ckpts / "ckpt-6_temp" / "part-00000-of-00001.index").write_bytes(b"partial")
+    changed = config(
+        **{
+            "train.max_steps": 5,
+            "micro_batch_size": 8,
+            "optimizer.learning_rate": 0.01,
+            "policy.max_batch_size": 512,
+            "train.eval_batch_size": 100,
+        }
+    )
+    metrics = experiment.run(changed, str(workdir))
+    out, _ = capsys.readouterr()
+    assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
+    assert metrics["optimizer_steps"] == 5
+    assert not list(ckpts.glob("*_temp*"))
+
+
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("dataset", "digits", "dataset 'synthetic' (checkpoint) vs 'digits' (now)"),
+        ("optimizer.momentum", 0.0, "optimizer 'SGD with momentum' (checkpoint) vs 'SGD' (now)"),
+        (
+            "policy.kind",
+            "noise_scale",
+            "policy.kind 'simigrad' (checkpoint) vs 'noise_scale' (now)",
+        ),
+        ("seed", 3, "seed 0 (checkpoint) vs 3 (now)"),
+    ],
+)
+def test_another_jobs_checkpoints_are_refused_naming_the_fields(
+    workdir: Path, field: str, value, expected: str
+) -> None:
+    before = files(workdir / "checkpoints")
+    with pytest.raises(experiment.ResumeError, match=re.escape(expected)) as info:
+        experiment.run(config(**{field: value}), str(workdir), verbose=0)
+    assert "another job wrote it" in str(info.value) and "\n" not in str(info.value)
+    assert files(workdir / "checkpoints") == before
+
+
+def test_checkpoints_without_a_fingerprint_still_refuse_a_state_that_does_not_fit(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints from before fingerprints: the restore itself refuses a state that
+    does not fit (a noise-scale run has no policy variables; SimiGrad's are then
+    missing), as another job's, without renaming anything as damaged."""
+    experiment.run(
+        config(**{"policy.kind": "noise_scale", "train.max_steps": 2}), str(tmp_path), verbose=0
+    )
+    (tmp_path / "checkpoints" / experiment.FINGERPRINT).unlink()
+    before = files(tmp_path / "checkpoints")
+    with pytest.raises(experiment.ResumeError, match="does not fit this job's model"):
+        experiment.run(config(), str(tmp_path), verbose=0)
+    assert files(tmp_path / "checkpoints") == before
+
+
+def test_a_model_that_does_not_fit_the_data_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        experiment.ConfigError,
+        match=r"Config fields `model`, `dataset`: model 'cnn' cannot take dataset 'synthetic' inputs of shape \(8, 8, 1\)",
+    ):
+        experiment.run(config(model="cnn"), str(tmp_path), verbose=0)

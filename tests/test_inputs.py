@@ -1,0 +1,95 @@
+"""Inputs the engine relies on: a dataset function's per-replica batch size, integer types."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_adabatch
+
+from conftest import get_strategy
+from helpers import mlp, regression_data
+
+M = 4  # micro-batch per replica
+
+
+def two_replica_trainer(**kwargs) -> tf_adabatch.Trainer:
+    strategy = get_strategy(2)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    kwargs.setdefault("micro_batch_size", M)
+    kwargs.setdefault("policy", tf_adabatch.StaticPolicy(2 * M))
+    return tf_adabatch.Trainer(model, loss="mse", optimizer=optimizer, strategy=strategy, **kwargs)
+
+
+def dataset_fn(batch: int, *, drop_remainder: bool, examples: int = 40):
+    x, y = regression_data(examples)
+
+    def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            ctx.num_input_pipelines, ctx.input_pipeline_id
+        )
+        return ds.batch(batch, drop_remainder=drop_remainder)
+
+    return fn
+
+
+def test_function_with_a_static_wrong_batch_is_refused() -> None:
+    trainer = two_replica_trainer()
+    with pytest.raises(
+        ValueError,
+        match=r"Argument `dataset` \(a function\) must return a `tf.data.Dataset` of per-replica "
+        r"micro-batches of micro_batch_size = 4 examples .* Received: batch dimensions \[8, 8\]",
+    ):
+        trainer.distribute(dataset_fn(2 * M, drop_remainder=True))
+
+
+def test_function_returning_something_else_is_refused() -> None:
+    trainer = two_replica_trainer()
+    with pytest.raises(ValueError, match=r"Received: list"):
+        trainer.distribute(lambda ctx: [1, 2, 3])
+
+
+@pytest.mark.parametrize("batch", [M, 2 * M])
+def test_function_with_an_unknown_batch_is_checked_per_micro_batch(batch: int) -> None:
+    """Without drop_remainder the batch dimension is not static: each micro-batch is
+    checked when read. One input pipeline feeds both replicas: 18 examples in batches
+    of M = 4 are 4, 4, 4, 4, 2, so two distributed elements (one batch per replica)
+    pass and the third (the batch of 2) is refused; in batches of 2M = 8 the first is."""
+    trainer = two_replica_trainer()
+    distributed = trainer.distribute(dataset_fn(batch, drop_remainder=False, examples=18))
+    iterator = iter(distributed)
+    good = 2 if batch == M else 0
+    for _ in range(good):
+        element = next(iterator)
+        sizes = [
+            int(t.shape[0]) for t in trainer.engine.strategy.experimental_local_results(element[0])
+        ]
+        assert sizes == [M, M]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"micro_batch_size = 4 examples"):
+        next(iterator)
+
+
+def test_function_with_the_right_static_batch_trains() -> None:
+    trainer = two_replica_trainer()
+    history = trainer.fit(
+        trainer.distribute(lambda ctx: dataset_fn(M, drop_remainder=True)(ctx).repeat()),
+        steps=2,
+        verbose=0,
+    )
+    # Static policy 2M over 2 replicas of M: one micro-step per step, 8 examples each.
+    assert history["samples_seen"] == [8.0, 16.0]
+
+
+def test_numpy_integers_are_accepted_where_ints_are() -> None:
+    trainer = two_replica_trainer(micro_batch_size=np.int64(M), base_batch_size=np.int32(8))
+    trainer.engine.set_batch_size(np.int64(4 * M))
+    assert trainer.batch_size == 4 * M
+    assert int(trainer.state.accumulation_steps.numpy()) == 2  # 16 / (2 replicas x 4)
+    with pytest.raises(ValueError, match=r"Received: batch_size=np.float64\(16.0\)"):
+        trainer.engine.set_batch_size(np.float64(16.0))
+    with pytest.raises(ValueError, match=r"Received: micro_batch_size=True"):
+        two_replica_trainer(micro_batch_size=True)
