@@ -406,7 +406,9 @@ def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -
     # Each evaluation on its own line (not glued to the progress bar), one per
     # evaluation written to TensorBoard.
     assert lines and all(line.startswith("Evaluation at step ") for line in lines), lines
-    written = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))["eval/loss"]
+    written = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))[
+        summaries.eval_tag("loss")
+    ]
     assert [int(line.split()[3]) for line in lines] == [step for step, _ in written]
     assert len(lines) >= 2
 

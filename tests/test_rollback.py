@@ -160,3 +160,18 @@ def test_an_update_that_makes_the_weights_non_finite_is_rolled_back() -> None:
     assert assert_unchanged(before, snapshot(trainer)) == len(before) - 3
     lr.assign(0.05)
     assert float(engine.train_step(iterator)["applied"]) == 1.0  # recovers
+
+
+def test_base_batch_size_zero_is_refused_not_replaced_by_the_default() -> None:
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(
+        ValueError,
+        match=r"`base_batch_size` must be a positive integer\. Received: base_batch_size=0",
+    ):
+        tf_adabatch.Trainer(
+            model,
+            loss="mse",
+            optimizer=keras.optimizers.SGD(0.1),
+            micro_batch_size=4,
+            base_batch_size=0,
+        )

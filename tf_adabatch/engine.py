@@ -356,8 +356,11 @@ class AdaptiveEngine:
             self.policy.build(self.num_replicas * micro_batch_size)
         self._min_k = 2 if (self.num_replicas == 1 and similarity == "exact") else 1
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
-        self.base_batch_size = base_batch_size or self.policy.initial_batch_size
-        _check_positive_int("base_batch_size", self.base_batch_size)
+        if base_batch_size is not None:
+            _check_positive_int("base_batch_size", base_batch_size)
+        self.base_batch_size = int(
+            self.policy.initial_batch_size if base_batch_size is None else base_batch_size
+        )
 
         self._loss_fn = per_example_loss_fn(loss)
         self._variables = list(model.trainable_variables)

@@ -7,8 +7,9 @@ the same workdir resumes), TensorBoard logs and a final `metrics.json`.
 Workdir layout:
     checkpoints/        tf.train.CheckpointManager (model, optimizer, adaptive state);
                         fingerprint.json: what a resume must not change
-    tensorboard/train/  adabatch/*, train/loss every optimizer step
-    tensorboard/eval/   eval/loss, eval/accuracy at each evaluation
+    tensorboard/train/  adabatch/*, loss every optimizer step
+    tensorboard/eval/   loss, accuracy at each evaluation (same tags: TensorBoard
+                        overlays train and eval loss)
     metrics.json        written at the end
     worker-<i>/         multi-worker: the same files of each non-chief worker
 
