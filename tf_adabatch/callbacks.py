@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from tf_adabatch import summaries
+from tf_adabatch.fit import attached_engine, last_step_logs
 
 __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 
@@ -17,20 +18,31 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
     """Writes the adaptive step's TensorBoard scalars from `model.fit`.
 
     The same tags as `Trainer.fit(summary_dir=...)` (`tf_adabatch.summaries`): every
-    optimizer step `adabatch/*` and `train/loss` with the optimizer step as x-axis, the
+    optimizer step `adabatch/*` and `train/loss` (that step's loss, not the epoch's
+    running mean the progress bar shows) with the optimizer step as x-axis, the
     custom-scalars layout once, and at each epoch end `eval/<metric>` for Keras's
-    `val_<metric>` logs. Use it with a model prepared by `tf_adabatch.attach`.
+    `val_<metric>` logs. The values come from the engine, not from the logs (which
+    hold only a few of them).
 
     Args:
       log_dir: the run's log directory (created if needed).
 
+    Raises:
+      ValueError: at the start of training, if the model is not prepared by
+        `tf_adabatch.attach`.
+
     Example:
 
     >>> import tempfile
-    >>> callback = AdaBatchTensorBoard(tempfile.mkdtemp())
-    >>> callback.on_train_begin()
-    >>> callback.on_train_batch_end(0, {"loss": 0.3, "gain": 1.5, "step": 1.0})
-    >>> callback.on_train_end()
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> engine = tf_adabatch.attach(model, micro_batch_size=4)
+    >>> log_dir = tempfile.mkdtemp()
+    >>> x = np.ones((12, 2), "float32")
+    >>> _ = model.fit(x, x[:, 0], batch_size=4, verbose=0,
+    ...               callbacks=[AdaBatchTensorBoard(log_dir)])
+    >>> [step for step, _ in tf_adabatch.summaries.read_scalars(log_dir)["adabatch/gain"]]
+    [1, 2, 3]
     """
 
     def __init__(self, log_dir: str) -> None:
@@ -40,15 +52,17 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
         self._step = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        attached_engine(self.model, "AdaBatchTensorBoard")
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
             summaries.write_layout(self._writer)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if not logs or self._writer is None:
+        step_logs = last_step_logs(self.model)
+        if not step_logs or self._writer is None:
             return
-        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in logs.items()}
-        self._step = int(values.get("step", self._step + 1))
+        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in step_logs.items()}
+        self._step = int(values["step"])
         summaries.write_step(self._writer, self._step, values)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -76,6 +90,11 @@ class ProgressBudget(keras.callbacks.Callback):
     Args:
       base_steps: the budget, in base-batch steps.
 
+    Raises:
+      ValueError: if `base_steps` is not positive; at the start of training, if the
+        model is not prepared by `tf_adabatch.attach` (with `tf_adabatch.Trainer`,
+        use `Trainer.fit(until_progress=...)`).
+
     Example:
 
     >>> budget = ProgressBudget.from_epochs(10, num_examples=60000, base_batch_size=128)
@@ -98,6 +117,9 @@ class ProgressBudget(keras.callbacks.Callback):
         """The budget of `epochs` passes over `num_examples` at the base batch size."""
         return cls(math.ceil(epochs * num_examples / base_batch_size))
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._engine = attached_engine(self.model, "ProgressBudget")
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs and float(keras.ops.convert_to_numpy(logs["progress"])) >= self.base_steps:
+        if float(self._engine.state.progress.numpy()) >= self.base_steps:
             self.model.stop_training = True

@@ -41,7 +41,8 @@ class Trainer:
       base_batch_size: the batch the learning rate was tuned for; defaults to the
         policy's initial batch size.
       policy: a `tf_adabatch.policies.BatchPolicy`; default: static at one micro-step.
-      similarity: "exact" or "estimated" (see `AdaptiveEngine`).
+      similarity: "exact", "estimated" or "auto" (default: exact with two or more
+        replicas, estimated with one; see `AdaptiveEngine`).
       ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
       jit_compile: XLA-compile the replica step.
       max_consecutive_skips: stop with `NonFiniteGradientsError` after this many
@@ -73,7 +74,7 @@ class Trainer:
         micro_batch_size: int,
         base_batch_size: int | None = None,
         policy: BatchPolicy | None = None,
-        similarity: str = "exact",
+        similarity: str = "auto",
         ema_decay: float | None = None,
         jit_compile: bool = False,
         max_consecutive_skips: int | None = 100,
