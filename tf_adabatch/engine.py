@@ -212,7 +212,7 @@ class AdaptiveEngine:
             similarity = "exact" if self.num_replicas >= 2 else "estimated"
         if similarity not in SIMILARITY_MODES:
             raise ValueError(
-                f"Argument `similarity` must be 'auto' or one of {SIMILARITY_MODES}. "
+                f"Argument `similarity` must be one of {('auto', *SIMILARITY_MODES)}. "
                 f"Received: similarity={similarity!r}"
             )
         self.similarity_mode = similarity
