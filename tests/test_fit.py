@@ -237,7 +237,9 @@ class _Record(keras.callbacks.Callback):
         self.epochs += 1
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        self.steps.append((logs["step"], logs["batch_size"], logs["gain"]))
+        state = self.model._adabatch_engine.state  # the step counter is not in the logs
+        step = float(state.steps.numpy() + state.skipped_steps.numpy())
+        self.steps.append((step, logs["batch_size"], logs["gain"]))
 
 
 class _Interrupt(keras.callbacks.Callback):
