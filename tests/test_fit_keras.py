@@ -198,7 +198,7 @@ def test_shortest_call_works(replicas: int, mode: str) -> None:
 
 def test_keras_callbacks_after_attach(tmp_path) -> None:
     x, y, _ = data(64)
-    xv, yv, _ = data(20, seed=1)
+    xv = data(20, seed=1)[0]
     model = compiled(2, metrics=["accuracy"])
     tf_adabatch.attach(model, micro_batch_size=M, policy=tf_adabatch.StaticPolicy(16))
     csv_path = tmp_path / "log.csv"
