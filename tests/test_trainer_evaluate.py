@@ -69,7 +69,7 @@ def test_scalar_loss_with_sample_weights_matches_keras() -> None:
     def mean_loss(y_true, y_pred):  # returns the batch mean, not per-example values
         return tf.reduce_mean(tf.square(y_pred[:, 0] - tf.cast(y_true, tf.float32)))
 
-    strategy, model, trainer, x, y, sw = setup(1, mean_loss)
+    _, model, trainer, x, y, sw = setup(1, mean_loss)
     result = trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y, sw)).batch(16))
     model.compile(loss=mean_loss)
     expected = model.evaluate(x, y, sample_weight=sw, batch_size=16, verbose=0)
