@@ -115,8 +115,9 @@ def test_optimizer_keeps_its_schedule_in_learning_rate_attribute() -> None:
 
 
 def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
-    """`tf_adabatch.fit._patch_symbolic_build` replaces `_maybe_symbolic_build` under
-    MultiWorkerMirroredStrategy (keras-team/keras#20585) and calls `_symbolic_build`."""
+    """`tf_adabatch.fit._FitBinding.maybe_symbolic_build` replaces `_maybe_symbolic_build`
+    (always building the compiled metrics; keras-team/keras#20585 under
+    MultiWorkerMirroredStrategy) and calls `_symbolic_build`."""
     import inspect
 
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
