@@ -85,19 +85,29 @@ def test_fit_writes_the_same_tensorboard_tags_and_runs_user_callbacks(tmp_path) 
     )
     x, y = regression_data(1024)
     logdir = str(tmp_path / "tb")
-    model.fit(
+    history = model.fit(
         global_micro_batches(x, y, 2 * M).repeat(),
-        epochs=1,
+        epochs=2,
         steps_per_epoch=5,
         verbose=0,
+        validation_data=(x[:64], y[:64]),
         callbacks=[tf_adabatch.AdaBatchTensorBoard(logdir), record],
     )
-    scalars, layout_tags = read_scalars(logdir)
+    scalars, layout_tags = read_scalars(logdir + "/train")
     assert layout_tags
     expected = {f"adabatch/{n}" for n in tf_adabatch.summaries.ADABATCH_SCALARS} | {"loss"}
+    expected |= {"adabatch/target_similarity", "adabatch/min_batch_size"}
     assert expected <= set(scalars)
-    assert [s for s, _ in scalars["adabatch/batch_size"]] == [1, 2, 3, 4, 5]
+    assert [s for s, _ in scalars["adabatch/batch_size"]] == list(range(1, 11))
     assert [v for _, v in scalars["adabatch/batch_size"]] == seen
+    # Validation goes to the eval run under the same tag as the train loss, at the
+    # step each epoch ended; the train run's loss stays the per-step loss.
+    evals = tf_adabatch.summaries.read_scalars(logdir + "/eval")
+    assert evals["loss"] == [
+        (5, pytest.approx(history.history["val_loss"][0], rel=1e-6)),
+        (10, pytest.approx(history.history["val_loss"][1], rel=1e-6)),
+    ]
+    assert [s for s, _ in scalars["loss"]] == list(range(1, 11))
 
 
 def test_fit_progress_bar_shows_the_adaptation(capsys) -> None:
@@ -261,7 +271,9 @@ class _Record(keras.callbacks.Callback):
         self.epochs += 1
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        self.steps.append((logs["step"], logs["batch_size"], logs["gain"]))
+        state = self.model._adabatch_engine.state  # the step counter is not in the logs
+        step = float(state.steps.numpy() + state.skipped_steps.numpy())
+        self.steps.append((step, logs["batch_size"], logs["gain"]))
 
 
 class _Interrupt(keras.callbacks.Callback):

@@ -115,8 +115,9 @@ def test_optimizer_keeps_its_schedule_in_learning_rate_attribute() -> None:
 
 
 def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
-    """`tf_adabatch.fit._patch_symbolic_build` replaces `_maybe_symbolic_build` under
-    MultiWorkerMirroredStrategy (keras-team/keras#20585) and calls `_symbolic_build`."""
+    """`tf_adabatch.fit._FitBinding.maybe_symbolic_build` replaces `_maybe_symbolic_build`
+    (always building the compiled metrics; keras-team/keras#20585 under
+    MultiWorkerMirroredStrategy) and calls `_symbolic_build`."""
     import inspect
 
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
@@ -182,3 +183,58 @@ def test_keras_variables_are_backed_by_a_tf_variable_in_value() -> None:
         np.testing.assert_array_equal(backing.numpy(), variable.numpy())
         checked += 1
     assert checked == 4  # gamma, beta, moving mean, moving variance
+
+
+def test_fit_epoch_iterator_and_metric_pieces_attach_relies_on() -> None:
+    """`tf_adabatch.fit._FitBinding` relies on: fit calling `_maybe_symbolic_build`
+    with its epoch iterator before `reset()` and before the callbacks take
+    `epoch_iterator.num_batches`; the epoch iterator's `__iter__` calling the instance's
+    `_enumerate_iterator`, its `_get_iterator`, `_num_batches`, `steps_per_epoch` and
+    `data_adapter` (`batch_size`, `num_batches`, `has_partial_batch`,
+    `get_tf_dataset`); CallbackList using a ProgbarLogger found among the callbacks;
+    ProgbarLogger's `target`; and Keras's train-step metric pieces (`_compute_loss`,
+    `_loss_tracker`, `unscale_loss_for_distribution`, `compile_utils.get_metric`,
+    `LossFunctionWrapper`, used by `Trainer.evaluate` too)."""
+    import inspect
+
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.callbacks.callback_list import CallbackList
+    from keras.src.losses.loss import unscale_loss_for_distribution
+    from keras.src.losses.losses import LossFunctionWrapper
+    from keras.src.trainers.compile_utils import get_metric
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    fit = inspect.getsource(TensorFlowTrainer.fit)
+    build = fit.index("self._maybe_symbolic_build(iterator=epoch_iterator)")
+    assert (
+        build < fit.index("epoch_iterator.reset()") < fit.index("steps=epoch_iterator.num_batches")
+    )
+    assert "self._enumerate_iterator()" in inspect.getsource(EpochIterator.__iter__)
+    for name in ("_get_iterator", "reset", "_enumerate_iterator"):
+        assert callable(getattr(EpochIterator, name))
+    assert "self._num_batches = self.data_adapter.num_batches" in inspect.getsource(
+        EpochIterator.reset
+    )
+    for adapter in (ArrayDataAdapter, TFDatasetAdapter):
+        for name in ("batch_size", "num_batches", "has_partial_batch"):
+            assert isinstance(getattr(adapter, name), property)
+        assert callable(adapter.get_tf_dataset)
+    mine = keras.callbacks.ProgbarLogger()
+    callbacks = CallbackList([mine], add_progbar=True, verbose=1, epochs=1, steps=None)
+    assert [c for c in callbacks.callbacks if isinstance(c, keras.callbacks.ProgbarLogger)] == [
+        mine
+    ]
+    assert mine.target is None
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    model.compile(loss="mse")
+    assert isinstance(model._loss_tracker, keras.metrics.Mean)
+    assert "training" in inspect.signature(model._compute_loss).parameters
+    assert float(unscale_loss_for_distribution(tf.constant(2.0))) == 2.0  # no strategy
+    y_true, y_pred = tf.zeros((4,), "int32"), tf.zeros((4, 3))
+    assert isinstance(
+        get_metric("accuracy", y_true, y_pred), keras.metrics.SparseCategoricalAccuracy
+    )
+    wrapped = LossFunctionWrapper(lambda a, b: tf.reduce_mean(b))
+    assert float(wrapped(y_true, y_pred + 1.0, sample_weight=tf.fill((4,), 0.5))) == 0.5

@@ -200,7 +200,7 @@ def test_dataset_running_out_ends_cleanly_and_discards_the_partial_step() -> Non
         ),
         (
             {"similarity": "cosine"},
-            r"Argument `similarity` must be one of \('exact', 'estimated'\). Received: similarity='cosine'",
+            r"Argument `similarity` must be one of \('auto', 'exact', 'estimated'\). Received: similarity='cosine'",
         ),
         (
             {"policy": tf_adabatch.StaticPolicy(12)},
@@ -231,7 +231,11 @@ def test_one_replica_exact_mode_needs_two_micro_steps() -> None:
         match=r"at least 8 \(one replica in exact-similarity mode needs >= 2 micro-steps.*similarity='estimated'\)",
     ):
         tf_adabatch.Trainer(
-            model, loss="mse", optimizer=keras.optimizers.SGD(0.1), micro_batch_size=M
+            model,
+            loss="mse",
+            optimizer=keras.optimizers.SGD(0.1),
+            micro_batch_size=M,
+            similarity="exact",
         )
 
 

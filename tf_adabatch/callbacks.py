@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from tf_adabatch import summaries
+from tf_adabatch.fit import attached_engine, last_step_logs
 
 __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 
@@ -16,53 +18,80 @@ __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 class AdaBatchTensorBoard(keras.callbacks.Callback):
     """Writes the adaptive step's TensorBoard scalars from `model.fit`.
 
-    The same tags as `Trainer.fit(summary_dir=...)` (`tf_adabatch.summaries`): every
-    optimizer step `adabatch/*` and `train/loss` with the optimizer step as x-axis, the
-    custom-scalars layout once, and at each epoch end `eval/<metric>` for Keras's
-    `val_<metric>` logs. Use it with a model prepared by `tf_adabatch.attach`.
+    The same tags as `Trainer.fit(summary_dir=...)` (`tf_adabatch.summaries`), in two
+    runs under `log_dir`, as Keras's own TensorBoard callback lays them out: in
+    `log_dir/train` every optimizer step `adabatch/*` (with the policy's bounds and
+    target as lines) and `loss` (that step's loss, not the epoch's running mean the
+    progress bar shows), with the optimizer step as x-axis, and the custom-scalars
+    layout once; in `log_dir/eval`, at each epoch end, Keras's `val_<metric>` logs
+    under `<metric>` (so train and eval loss share one chart). The per-step values
+    come from the engine, not from the logs (which hold only a few of them).
 
     Args:
-      log_dir: the run's log directory (created if needed).
+      log_dir: the log root; the runs `train` and `eval` are created in it.
+
+    Raises:
+      ValueError: at the start of training, if the model is not prepared by
+        `tf_adabatch.attach`.
 
     Example:
 
-    >>> import tempfile
-    >>> callback = AdaBatchTensorBoard(tempfile.mkdtemp())
-    >>> callback.on_train_begin()
-    >>> callback.on_train_batch_end(0, {"loss": 0.3, "gain": 1.5, "step": 1.0})
-    >>> callback.on_train_end()
+    >>> import os, tempfile
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> engine = tf_adabatch.attach(model, micro_batch_size=4)
+    >>> log_dir = tempfile.mkdtemp()
+    >>> x = np.ones((12, 2), "float32")
+    >>> _ = model.fit(x, x[:, 0], batch_size=4, verbose=0,
+    ...               callbacks=[AdaBatchTensorBoard(log_dir)])
+    >>> train_run = os.path.join(log_dir, "train")
+    >>> [step for step, _ in tf_adabatch.summaries.read_scalars(train_run)["adabatch/gain"]]
+    [1, 2, 3]
     """
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
         self.log_dir = log_dir
         self._writer: tf.summary.SummaryWriter | None = None
+        self._eval_writer: tf.summary.SummaryWriter | None = None
         self._step = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        engine = attached_engine(self.model, "AdaBatchTensorBoard")
+        self._policy = engine.policy
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
-            summaries.write_layout(self._writer)
+            self._writer = tf.summary.create_file_writer(
+                os.path.join(self.log_dir, summaries.TRAIN_RUN)
+            )
+            self._eval_writer = tf.summary.create_file_writer(
+                os.path.join(self.log_dir, summaries.EVAL_RUN)
+            )
+            summaries.write_layout(self._writer, policy=self._policy)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if not logs or self._writer is None:
+        step_logs = last_step_logs(self.model)
+        if not step_logs or self._writer is None:
             return
-        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in logs.items()}
-        self._step = int(values.get("step", self._step + 1))
-        summaries.write_step(self._writer, self._step, values)
+        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in step_logs.items()}
+        self._step = int(values["step"])
+        summaries.write_step(self._writer, self._step, values, policy=self._policy)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._writer is None:
+        if self._eval_writer is None:
             return
-        with self._writer.as_default(step=self._step):
-            for name, value in (logs or {}).items():
-                if name.startswith("val_"):
-                    tf.summary.scalar(summaries.eval_tag(name[4:]), float(value))
-        self._writer.flush()
+        results = {
+            name[4:]: float(value)
+            for name, value in (logs or {}).items()
+            if name.startswith("val_")
+        }
+        if results:
+            summaries.write_eval(self._eval_writer, self._step, results)
+        self._eval_writer.flush()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        for writer in (self._writer, self._eval_writer):
+            if writer is not None:
+                writer.flush()
 
 
 class ProgressBudget(keras.callbacks.Callback):
@@ -75,6 +104,11 @@ class ProgressBudget(keras.callbacks.Callback):
 
     Args:
       base_steps: the budget, in base-batch steps.
+
+    Raises:
+      ValueError: if `base_steps` is not positive; at the start of training, if the
+        model is not prepared by `tf_adabatch.attach` (with `tf_adabatch.Trainer`,
+        use `Trainer.fit(until_progress=...)`).
 
     Example:
 
@@ -98,6 +132,9 @@ class ProgressBudget(keras.callbacks.Callback):
         """The budget of `epochs` passes over `num_examples` at the base batch size."""
         return cls(math.ceil(epochs * num_examples / base_batch_size))
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._engine = attached_engine(self.model, "ProgressBudget")
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs and float(keras.ops.convert_to_numpy(logs["progress"])) >= self.base_steps:
+        if float(self._engine.state.progress.numpy()) >= self.base_steps:
             self.model.stop_training = True

@@ -238,9 +238,11 @@ class AdaptiveEngine:
       base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
         Defaults to the policy's initial batch size.
       policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one stacked all-reduce) or
+      similarity: "exact" (the two groups' gradients, one stacked all-reduce),
         "estimated" (from the step's own scalar moments, no extra communication;
-        like the exact cosine, a per-step reading with no memory).
+        like the exact cosine, a per-step reading with no memory) or "auto"
+        (default): exact with two or more replicas, estimated with one (where exact
+        needs k >= 2 micro-steps, which the default policy does not give).
       ema_decay: decay of the moving averages behind the gain and the noise scale
         (not the similarity); `None` uses fairscale's max(1 - n/1000, 0) with n the
         micro-gradients of the step.
@@ -283,7 +285,7 @@ class AdaptiveEngine:
         micro_batch_size: int,
         base_batch_size: int | None = None,
         policy: BatchPolicy | None = None,
-        similarity: str = "exact",
+        similarity: str = "auto",
         ema_decay: float | None = None,
         min_variance: float = 1e-6,
         jit_compile: bool = False,
@@ -312,9 +314,11 @@ class AdaptiveEngine:
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
         _check_positive_int("micro_batch_size", micro_batch_size)
         self.micro_batch_size = micro_batch_size
+        if similarity == "auto":
+            similarity = "exact" if self.num_replicas >= 2 else "estimated"
         if similarity not in SIMILARITY_MODES:
             raise ValueError(
-                f"Argument `similarity` must be one of {SIMILARITY_MODES}. "
+                f"Argument `similarity` must be one of {('auto', *SIMILARITY_MODES)}. "
                 f"Received: similarity={similarity!r}"
             )
         self.similarity_mode = similarity
@@ -418,6 +422,9 @@ class AdaptiveEngine:
             mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
             name="adabatch_backup",
         )
+        # Called in replica context after each micro-step's forward pass with
+        # (x, y, y_pred, sample_weight); `attach` updates Keras's compiled metrics there.
+        self.micro_step_hook: Callable[[Any, Any, Any, Any], None] | None = None
 
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
         self._micro_fn = wrap(self._micro_step)
@@ -543,6 +550,12 @@ class AdaptiveEngine:
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        tf.debugging.assert_equal(
+            tf.shape(tf.nest.flatten(x)[0])[0],
+            self.micro_batch_size,
+            message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
+            "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
+        )
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
@@ -560,6 +573,8 @@ class AdaptiveEngine:
             if self._loss_scaled:
                 loss = self.optimizer.scale_loss(loss)
         grads = tape.gradient(loss, self._variables)
+        if self.micro_step_hook is not None:
+            self.micro_step_hook(x, y, y_pred, sample_weight)
         grads = [
             tf.zeros(v.shape, v.dtype) if g is None else tf.cast(tf.convert_to_tensor(g), v.dtype)
             for g, v in zip(grads, self._variables, strict=True)

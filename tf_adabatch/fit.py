@@ -3,22 +3,32 @@
 A user keeps `model.compile(...)` and `model.fit(...)`; `attach` replaces the model's
 train function with the engine's step (the same one `tf_adabatch.Trainer` runs). One
 call of the train function is one optimizer step: it consumes k micro-batches per
-replica, so a Keras "step" (progress bar, `on_train_batch_end`) is an optimizer step.
+replica, so a Keras "step" (progress bar, `on_train_batch_end`) is an optimizer step,
+and an epoch over a finite dataset is one pass over it in optimizer steps.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.backend.common import global_state
+from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.saving.keras_saveable import KerasSaveable
 
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.policies import BatchPolicy
 
-__all__ = ["attach"]
+__all__ = ["LOGGED_KEYS", "attach"]
+
+# The engine's values that `fit` shows in the progress bar and History, beside the
+# compiled loss and metrics (running epoch means, as in plain Keras). The others
+# (noise_scale, grad_sqr, ..., and the bookkeeping: step, applied, consecutive_skips)
+# are read by `AdaBatchTensorBoard` from the engine, not from the logs.
+LOGGED_KEYS = ("batch_size", "gain", "similarity", "learning_rate", "progress")
 
 
 def attach(
@@ -27,25 +37,34 @@ def attach(
     micro_batch_size: int,
     base_batch_size: int | None = None,
     policy: BatchPolicy | None = None,
-    similarity: str = "exact",
+    similarity: str = "auto",
     ema_decay: float | None = None,
     jit_compile: bool = False,
     max_consecutive_skips: int | None = 100,
 ) -> AdaptiveEngine:
     """Makes `model.fit` train with an adaptive batch size and the AdaScale statistics.
 
-    Call it after `model.compile(optimizer, loss, ...)` with the model and optimizer
-    created in the strategy's scope. Feed `fit` a dataset batched with the *global
-    micro-batch* (replicas x `micro_batch_size`, `drop_remainder=True`), repeated, with
-    `steps_per_epoch` in optimizer steps. The train logs (progress bar, callbacks, the
-    returned History) are the engine's: loss, batch_size, gain, similarity,
-    learning_rate, progress, ... Compiled metrics are not updated during training
-    (`evaluate` and validation still compute them).
+    Call it once, after `model.compile(optimizer, loss, metrics=...)`, with the model
+    and optimizer created in the strategy's scope. Then `fit` works as usual, with:
+
+    - Input: numpy arrays with `batch_size` = the *global micro-batch* replicas x
+      `micro_batch_size` (a partial last batch is dropped), or a `tf.data.Dataset`
+      batched with it (`drop_remainder=True`). Anything else is refused.
+    - Epochs: over a finite input, one epoch is one pass over it, in optimizer steps
+      of k micro-batches (the micro-batches left over at the end, fewer than k, are
+      dropped); the bar counts optimizer steps. With a repeated dataset, pass
+      `steps_per_epoch` in optimizer steps.
+    - Logs (bar, callbacks, History): `loss` and the compiled metrics as running
+      means over the epoch's micro-batches, updated from each micro-batch's
+      predictions (as plain Keras does per batch), and the adaptive values
+      `LOGGED_KEYS` (batch_size, gain, similarity, learning_rate, progress) of the
+      last optimizer step. Validation, `evaluate` and `predict` are Keras's own.
 
     Args:
-      model: a compiled, built Keras model with a single loss.
+      model: a compiled, built Keras model with a single loss, not attached yet.
       micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile,
-        max_consecutive_skips: as for `tf_adabatch.Trainer`.
+        max_consecutive_skips: as for `tf_adabatch.Trainer` (similarity "auto":
+        exact with two or more replicas, estimated with one).
 
     Returns:
       The engine. Its `state` and `policy` (batch size, gain, progress, moving
@@ -55,22 +74,29 @@ def attach(
       adapted batch, not the initial one).
 
     Raises:
-      ValueError: if the model is not compiled, has several losses, or uses
+      ValueError: if the model is not compiled, has several losses, uses
         `steps_per_execution > 1` (one call of the train function is one optimizer
-        step of a variable number of micro-batches).
+        step of a variable number of micro-batches) or is attached already; later,
+        if the model is compiled again (the engine keeps the first optimizer and
+        loss) or `fit` gets a batch size other than the global micro-batch.
 
     Example:
 
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    >>> model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    >>> engine = attach(model, micro_batch_size=8, policy=tf_adabatch.StaticPolicy(16),
-    ...                 similarity="estimated")
-    >>> x = np.random.default_rng(0).normal(size=(256, 3)).astype("float32")
-    >>> data = tf.data.Dataset.from_tensor_slices((x, x.sum(1))).repeat().batch(8, drop_remainder=True)
-    >>> history = model.fit(data, epochs=1, steps_per_epoch=5, verbose=0)
-    >>> history.history["batch_size"], int(engine.state.steps)
-    ([16.0], 5)
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    >>> engine = attach(model, micro_batch_size=8, policy=tf_adabatch.StaticPolicy(16))
+    >>> x = np.random.default_rng(0).normal(size=(80, 3)).astype("float32")
+    >>> history = model.fit(x, x.sum(1), batch_size=8, epochs=2, verbose=0)
+    >>> sorted(history.history)
+    ['batch_size', 'gain', 'learning_rate', 'loss', 'mae', 'progress', 'similarity']
+    >>> history.history["batch_size"], int(engine.state.steps)  # 10 micro-batches, k = 2
+    ([16.0, 16.0], 10)
     """
+    if getattr(model, "_adabatch_engine", None) is not None:
+        raise ValueError(
+            "Argument `model` is attached to tf_adabatch already; attach a model once. "
+            f"Received: model={model.name!r} (attached)"
+        )
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ValueError(
             "Argument `model` must be compiled first: call `model.compile(optimizer=..., loss=...)`."
@@ -101,22 +127,201 @@ def attach(
         max_consecutive_skips=max_consecutive_skips,
         strategy=strategy,
     )
-
-    def train_function(iterator: Any) -> dict[str, tf.Tensor]:
-        return engine.train_step(iterator)
-
-    def make_train_function(force: bool = False) -> Any:
-        model.train_function = train_function
-        return train_function
-
-    model.make_train_function = make_train_function
-    model.train_function = train_function
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        _patch_symbolic_build(model, strategy)
+    binding = _FitBinding(model, engine)
+    engine.micro_step_hook = binding.update_metrics
+    model.make_train_function = binding.make_train_function
+    model.train_function = binding.train_function
+    model._maybe_symbolic_build = binding.maybe_symbolic_build
+    model.fit = binding.wrap_fit(model.fit)
+    model.compile = binding.refuse_compile
     model._adabatch_engine = engine  # keep it alive and findable from the model
+    model._adabatch_fit = binding
     # Keras saves (save_weights, save, BackupAndRestore) include the adaptive state.
     model._adabatch_state = _AdaptiveStateSaveable(engine)
     return engine
+
+
+def attached_engine(model: keras.Model | None, user: str) -> AdaptiveEngine:
+    """The engine `attach` put behind `model`, or a clear error naming `user`."""
+    engine = getattr(model, "_adabatch_engine", None)
+    if engine is None:
+        name = getattr(model, "name", None)
+        raise ValueError(
+            f"`{user}` needs a model prepared by `tf_adabatch.attach(model, ...)` (with "
+            "`tf_adabatch.Trainer`, use `Trainer.fit(until_progress=..., "
+            f"summary_dir=...)` instead). Received: model={name!r} (not attached)"
+        )
+    return engine
+
+
+def last_step_logs(model: keras.Model) -> dict[str, tf.Tensor]:
+    """All the engine's logs of the last optimizer step `fit` ran (empty before)."""
+    binding = getattr(model, "_adabatch_fit", None)
+    return binding.step_logs if binding is not None else {}
+
+
+class _FitBinding:
+    """What `attach` puts in a model: train function, metric updates, epochs, checks.
+
+    Keras has no public hooks for these; each replaced method is pinned by
+    tests/test_keras_private.py: `make_train_function` / `train_function`,
+    `_maybe_symbolic_build(iterator=epoch_iterator)` (called by `fit` with its epoch
+    iterator before the callbacks are made, and by `evaluate`), the epoch iterator's
+    `data_adapter`, `_enumerate_iterator`, `_get_iterator`, `reset` and `_num_batches`.
+    """
+
+    def __init__(self, model: keras.Model, engine: AdaptiveEngine) -> None:
+        self.model = model
+        self.engine = engine
+        self.step_logs: dict[str, tf.Tensor] = {}
+        self._expect_train_iterator = False
+        self._metrics_result: Any = None
+
+    # ------------------------------------------------------------ train function
+
+    def make_train_function(self, force: bool = False) -> Any:
+        self.model.train_function = self.train_function
+        return self.train_function
+
+    def train_function(self, iterator: Any) -> dict[str, tf.Tensor]:
+        logs = self.engine.train_step(iterator)
+        self.step_logs = logs
+        if self._metrics_result is None:
+            # Metric variables are per replica (ON_READ, SUM): read in cross-replica
+            # context, they hold the all-replica totals.
+            self._metrics_result = tf.function(self.model.get_metrics_result)
+        out = dict(self._metrics_result())
+        out.update({name: logs[name] for name in LOGGED_KEYS})
+        return out
+
+    def update_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> None:
+        """Keras's `train_step` metric updates for one micro-batch (replica context)."""
+        model = self.model
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        batch = tf.shape(next(v for v in tf.nest.flatten(x) if v is not None))[0]
+        model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=batch)
+        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # -------------------------------------------------------- fit and its epochs
+
+    def wrap_fit(self, fit: Any) -> Any:
+        signature = inspect.signature(fit)
+
+        @functools.wraps(fit)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(*args, **kwargs).arguments
+            callbacks = arguments.get("callbacks")
+            if arguments.get("verbose", "auto") != 0 and not isinstance(
+                callbacks, keras.callbacks.CallbackList
+            ):
+                callbacks = list(callbacks or [])
+                if not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
+                    # Keras uses a ProgbarLogger found among the callbacks instead of
+                    # adding its own.
+                    kwargs = {**arguments, "callbacks": [*callbacks, _OptimizerStepBar()]}
+                    args = ()
+            self._expect_train_iterator = True
+            try:
+                return fit(*args, **kwargs)
+            finally:
+                self._expect_train_iterator = False
+
+        return wrapped
+
+    def refuse_compile(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError(
+            "This model is attached to tf_adabatch, whose engine keeps the optimizer and "
+            "loss of the `compile` before `attach`; compiling again would silently train "
+            "with the old ones. Compile before `attach`, or build a new model, compile "
+            "and attach it (`load_weights` carries the weights and the adaptive state). "
+            f"Received: model.compile(...) on attached model {self.model.name!r}"
+        )
+
+    def maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        """Builds the model, its compiled metrics and loss from one batch's shapes.
+
+        Keras skips this without a strategy scope and builds the metrics while tracing
+        its own train step instead; the engine's step must not create variables, so
+        it always runs here. It takes the first local replica's batch (Keras reduces
+        the replicas' batches, which fails under MultiWorkerMirroredStrategy:
+        keras-team/keras#20585). During `fit`, the first call gets fit's epoch
+        iterator, which is checked and made to count optimizer steps.
+        """
+        strategy = self.engine.strategy
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tf.nest.map_structure(
+                    lambda v: (
+                        strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues)
+                        else v
+                    ),
+                    batch,
+                )
+                break
+            if self._expect_train_iterator:
+                self._expect_train_iterator = False
+                self._adapt_epochs(iterator)
+        with strategy.scope():
+            self.model._symbolic_build(data_batch=data_batch)
+
+    def _adapt_epochs(self, epoch_iterator: Any) -> None:
+        engine = self.engine
+        unit = engine.num_replicas * engine.micro_batch_size
+        adapter = epoch_iterator.data_adapter
+        kind = type(adapter).__name__
+        batch = adapter.batch_size
+        rule = (
+            f"the global micro-batch replicas x micro_batch_size = {engine.num_replicas} x "
+            f"{engine.micro_batch_size} = {unit}"
+        )
+        if kind == "ArrayDataAdapter" and batch != unit:
+            raise ValueError(
+                f"Argument `batch_size` of `fit` must be {rule} after `tf_adabatch.attach` "
+                "(one optimizer step takes k such micro-batches). "
+                f"Received: batch_size={batch}"
+            )
+        dataset = adapter.get_tf_dataset() if kind == "TFDatasetAdapter" else None
+        if isinstance(dataset, tf.data.Dataset) and batch != unit:
+            raise ValueError(
+                f"The `fit` dataset's batch dimension must be {rule}, static, after "
+                f"`tf_adabatch.attach`: batch it with `.batch({unit}, drop_remainder=True)`. "
+                f"Received: batch dimension {batch}"
+            )
+        if epoch_iterator.steps_per_epoch:
+            return  # Keras's own loop: `steps_per_epoch` optimizer steps.
+        usable = adapter.num_batches
+        if usable is not None and adapter.has_partial_batch:
+            usable -= 1  # a partial last micro-batch would skew the statistics
+
+        def enumerate_optimizer_steps() -> Any:
+            adapter.on_epoch_begin()
+            iterator = iter(epoch_iterator._get_iterator())
+            used = step = 0
+            while usable is None or used + engine.accumulation_steps <= usable:
+                k = engine.accumulation_steps
+                yield step, step, iterator
+                used += k
+                step += 1
+            if step == 0:
+                raise ValueError(
+                    f"The `fit` data must hold at least one optimizer step of k = "
+                    f"{engine.accumulation_steps} micro-batches of {unit} examples. "
+                    f"Received: {usable} micro-batches"
+                )
+            adapter.on_epoch_end()
+
+        reset = epoch_iterator.reset
+
+        def reset_unknown_length() -> None:
+            reset()
+            epoch_iterator._num_batches = None  # optimizer steps per epoch: not known
+
+        epoch_iterator._enumerate_iterator = enumerate_optimizer_steps
+        epoch_iterator.reset = reset_unknown_length
 
 
 class _AdaptiveStateSaveable(KerasSaveable):
@@ -170,34 +375,24 @@ class _AdaptiveStateSaveable(KerasSaveable):
             variable.assign(store[key])
 
 
+class _OptimizerStepBar(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar, with a target of optimizer steps or none.
+
+    Over a finite input the number of optimizer steps of an epoch is not known in
+    advance (k adapts); Keras's bar would keep the first epoch's count as the target
+    of the next ones. Here an epoch without `steps_per_epoch` starts with an unknown
+    target and ends at the steps it ran.
+    """
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        self._steps = params["steps"]
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.target = self._steps
+        super().on_epoch_begin(epoch, logs)
+
+
 def _key(variable: tf.Variable) -> str:
     """A variable's name without scopes and suffix, e.g. `steps` (an H5 dataset name)."""
     return variable.name.split("/")[-1].split(":")[0]
-
-
-def _patch_symbolic_build(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
-    """Works around keras-team/keras#20585 under MultiWorkerMirroredStrategy.
-
-    `fit` builds the model symbolically from the first batch, which Keras reduces with
-    `strategy.reduce("MEAN", ...)`; under MultiWorkerMirroredStrategy that fails. Any
-    replica's batch has the right structure and shapes, so take the first local one.
-    Pinned by tests/test_keras_private.py.
-    """
-
-    def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> None:
-        if iterator is not None:
-            for _, _, it in iterator:
-                batch = next(it)
-                data_batch = tf.nest.map_structure(
-                    lambda v: (
-                        strategy.experimental_local_results(v)[0]
-                        if isinstance(v, tf.distribute.DistributedValues)
-                        else v
-                    ),
-                    batch,
-                )
-                break
-        with strategy.scope():
-            model._symbolic_build(data_batch=data_batch)
-
-    model._maybe_symbolic_build = maybe_symbolic_build

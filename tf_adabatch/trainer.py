@@ -11,7 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
+from keras.src.losses.losses import LossFunctionWrapper
+from keras.src.trainers.compile_utils import get_metric
 
 from tf_adabatch import stats, summaries
 from tf_adabatch.engine import AdaptiveEngine
@@ -44,7 +48,8 @@ class Trainer:
       base_batch_size: the batch the learning rate was tuned for; defaults to the
         policy's initial batch size.
       policy: a `tf_adabatch.policies.BatchPolicy`; default: static at one micro-step.
-      similarity: "exact" or "estimated" (see `AdaptiveEngine`).
+      similarity: "exact", "estimated" or "auto" (default: exact with two or more
+        replicas, estimated with one; see `AdaptiveEngine`).
       ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
       jit_compile: XLA-compile the replica step.
       max_consecutive_skips: stop with `NonFiniteGradientsError` after this many
@@ -76,7 +81,7 @@ class Trainer:
         micro_batch_size: int,
         base_batch_size: int | None = None,
         policy: BatchPolicy | None = None,
-        similarity: str = "exact",
+        similarity: str = "auto",
         ema_decay: float | None = None,
         jit_compile: bool = False,
         max_consecutive_skips: int | None = 100,
@@ -106,7 +111,7 @@ class Trainer:
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._eval_fn: Any = None
-        self._eval_key: list[tuple[str, int]] = []
+        self._eval_key: list[tuple[str, str, int]] = []
 
     # ------------------------------------------------------------------ the loop
 
@@ -296,57 +301,127 @@ class Trainer:
         self,
         dataset: Any,
         *,
-        metrics: dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] | None = None,
+        metrics: Any = None,
+        weighted_metrics: Any = None,
     ) -> dict[str, float]:
-        """Mean loss (and per-example metrics) over a finite dataset, on all replicas.
+        """The loss and metrics over a finite dataset, as `model.evaluate` computes them.
 
-        Sums and counts are all-reduced, so uneven last batches are exact, under any
+        The loss is the Trainer's loss reduced as Keras reduces it (sample weights
+        included; a loss callable may return per-example values or their mean) plus
+        the model's own losses (regularizers), averaged over all examples; metrics
+        are Keras metrics updated batch by batch. Their variables are per replica and
+        summed across replicas when read, so uneven last batches are exact under any
         strategy (MultiWorkerMirroredStrategy included).
 
         Args:
-          dataset: a finite `tf.data.Dataset` of global batches (any batch size;
-            `drop_remainder` not needed), or a per-replica dataset function.
-          metrics: name -> `(y_true, y_pred) -> per-example values`, e.g.
-            `{"accuracy": keras.metrics.sparse_categorical_accuracy}`.
+          dataset: a finite `tf.data.Dataset` of global batches `(x, y)` or
+            `(x, y, sample_weight)` (any batch size; `drop_remainder` not needed), or a
+            per-replica dataset function.
+          metrics: as for `model.compile`: a list of metric names (e.g. "accuracy",
+            resolved from the shapes as Keras does), `keras.metrics.Metric` objects,
+            `keras.losses.Loss` objects (their per-example mean) or functions
+            `(y_true, y_pred) -> per-example values`; or a dict name -> one of these
+            (the name is the result's key); or a single one. Sample weights are not
+            applied to them (Keras's rule for `metrics`).
+          weighted_metrics: the same, with the sample weights applied.
 
         Returns:
-          {"loss": ..., **metrics}, as floats.
+          {"loss": ..., <metric name>: ...}, as Python floats (a metric whose result
+          is a dict contributes its keys).
+
+        Raises:
+          ValueError: if the dataset is empty, or a metric object was created outside
+            the strategy's scope and cannot be re-created from its config in it.
+          TypeError: if `metrics` or `weighted_metrics` is of another kind.
+
+        Example:
+
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+        >>> trainer = Trainer(model, optimizer=keras.optimizers.SGD(0.1), micro_batch_size=4,
+        ...                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> x = np.random.default_rng(0).normal(size=(10, 2)).astype("float32")
+        >>> data = tf.data.Dataset.from_tensor_slices((x, np.arange(10) % 3)).batch(4)
+        >>> result = trainer.evaluate(data, metrics=["accuracy"])
+        >>> correct = model(x).numpy().argmax(1) == np.arange(10) % 3
+        >>> sorted(result), bool(np.isclose(result["accuracy"], correct.mean()))
+        (['accuracy', 'loss'], True)
         """
         engine = self.engine
         strategy = engine.strategy
-        fns = {"loss": engine._loss_fn, **(metrics or {})}
-        key = [(name, id(fn)) for name, fn in fns.items()]
-        if self._eval_fn is None or self._eval_key != key:
-
-            def replica_step(data: Any) -> tf.Tensor:
-                x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
-                y_pred = engine.model(x, training=False)
-                sums = [tf.reduce_sum(tf.cast(fn(y, y_pred), tf.float64)) for fn in fns.values()]
-                count = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float64)
-                ctx = tf.distribute.get_replica_context()
-                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([*sums, count]))
-
-            @tf.function(reduce_retracing=True)
-            def eval_step(data: Any) -> tf.Tensor:
-                per_replica = strategy.run(replica_step, args=(data,))
-                return strategy.experimental_local_results(per_replica)[0]
-
-            self._eval_fn, self._eval_key = eval_step, key
+        model = engine.model
         if isinstance(dataset, tf.data.Dataset):
             dist = strategy.experimental_distribute_dataset(dataset)
         else:
             dist = strategy.distribute_datasets_from_function(dataset)
-        total = None
         iterator = iter(dist)
+        optional = iterator.get_next_as_optional()
+        if not optional.has_value():
+            raise ValueError("Argument `dataset` must not be empty.")
+        first = optional.get_value()
+        key = _metrics_key("metrics", metrics) + _metrics_key("weighted", weighted_metrics)
+        if self._eval_fn is None or self._eval_key != key:
+            local = tf.nest.map_structure(
+                lambda v: (
+                    strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues)
+                    else v
+                ),
+                first,
+            )
+            x, y, _ = keras.utils.unpack_x_y_sample_weight(local)
+            y_pred = model.compute_output_spec(
+                tf.nest.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype.name), x)
+            )
+            with strategy.scope():
+                tracker = keras.metrics.Mean(name="loss")
+                entries = [
+                    *_resolve_metrics("metrics", metrics, y, y_pred, strategy, weighted=False),
+                    *_resolve_metrics(
+                        "weighted_metrics", weighted_metrics, y, y_pred, strategy, weighted=True
+                    ),
+                ]
+            loss_obj = _reducing_loss(engine._loss_fn)
+
+            def replica_step(data: Any) -> None:
+                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+                y_pred = model(x, training=False)
+                # Keras's test step: the Loss reduces per replica and divides by the
+                # replica count; undo that, add the model's losses, weight by the batch.
+                loss = unscale_loss_for_distribution(
+                    tf.cast(loss_obj(y, y_pred, sample_weight=sample_weight), tf.float32)
+                )
+                for extra in model.losses:
+                    loss = loss + tf.cast(extra, tf.float32)
+                batch = tf.shape(next(v for v in tf.nest.flatten(x) if v is not None))[0]
+                tracker.update_state(loss, sample_weight=batch)
+                for _, metric, weighted in entries:
+                    metric.update_state(
+                        y, y_pred, sample_weight=sample_weight if weighted else None
+                    )
+
+            @tf.function(reduce_retracing=True)
+            def eval_step(data: Any) -> None:
+                strategy.run(replica_step, args=(data,))
+
+            self._eval_fn = (eval_step, [("loss", tracker, False), *entries])
+            self._eval_key = key
+        eval_step, all_metrics = self._eval_fn
+        for _, metric, _ in all_metrics:
+            metric.reset_state()
+        eval_step(first)
         while True:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            part = self._eval_fn(optional.get_value()).numpy()
-            total = part if total is None else total + part
-        if total is None or total[-1] == 0:
-            raise ValueError("Argument `dataset` must not be empty.")
-        return {name: float(total[i] / total[-1]) for i, name in enumerate(fns)}
+            eval_step(optional.get_value())
+        results: dict[str, float] = {}
+        for name, metric, _ in all_metrics:
+            value = metric.result()  # cross-replica read: summed over the replicas
+            if isinstance(value, dict):
+                results.update({k: _to_float(v) for k, v in value.items()})
+            else:
+                results[name] = _to_float(value)
+        return results
 
     def _writer(self, summary_dir: str | None) -> tf.summary.SummaryWriter | None:
         if summary_dir is None:
@@ -428,3 +503,96 @@ class Trainer:
     def learning_rate(self) -> float:
         """The optimizer's learning rate for its next step."""
         return float(keras.ops.convert_to_numpy(self.engine.optimizer.learning_rate))
+
+
+# ------------------------------------------------------------- evaluate's helpers
+
+
+def _metrics_key(role: str, metrics: Any) -> list[tuple[str, str, int]]:
+    """Identifies a `metrics` argument: the cached evaluation is reused while it matches."""
+    if metrics is None:
+        return []
+    items = metrics.items() if isinstance(metrics, dict) else enumerate(_as_list(metrics))
+    return [(role, str(name), id(m) if not isinstance(m, str) else hash(m)) for name, m in items]
+
+
+def _as_list(metrics: Any) -> list[Any]:
+    return list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+
+
+def _resolve_metrics(
+    argument: str,
+    metrics: Any,
+    y_true: Any,
+    y_pred: Any,
+    strategy: tf.distribute.Strategy,
+    *,
+    weighted: bool,
+) -> list[tuple[str, keras.metrics.Metric, bool]]:
+    """Keras metric objects for `Trainer.evaluate` (call in the strategy's scope)."""
+    if metrics is None:
+        return []
+    named = (
+        list(metrics.items())
+        if isinstance(metrics, dict)
+        else [(None, m) for m in _as_list(metrics)]
+    )
+    resolved = []
+    for name, spec in named:
+        if isinstance(spec, keras.losses.Loss):
+            # Its per-example values, averaged over examples. (Keras's `compile` wraps
+            # a Loss object's reduced value instead: a mean of batch means, divided by
+            # the replica count under a strategy.)
+            metric: keras.metrics.Metric = keras.metrics.MeanMetricWrapper(
+                spec.call, name=name or spec.name
+            )
+        elif isinstance(spec, keras.metrics.Metric):
+            metric = _in_scope(spec, strategy, argument)
+        elif isinstance(spec, str) or callable(spec):
+            metric = get_metric(spec, y_true, y_pred)
+        else:
+            raise TypeError(
+                f"Argument `{argument}` must hold metric names, `keras.metrics.Metric` or "
+                "`keras.losses.Loss` objects or callables `(y_true, y_pred) -> values`, "
+                f"in a list or a dict name -> metric. Received: {argument}={metrics!r}"
+            )
+        resolved.append((name or metric.name, metric, weighted))
+    return resolved
+
+
+def _in_scope(
+    metric: keras.metrics.Metric, strategy: tf.distribute.Strategy, argument: str
+) -> keras.metrics.Metric:
+    """The metric itself if its variables belong to `strategy`, else a copy made in it."""
+    if all(
+        strategy.extended.variable_created_in_scope(getattr(v, "value", v))
+        for v in metric.variables
+    ):
+        return metric
+    try:
+        return type(metric).from_config(metric.get_config())
+    except Exception as error:
+        raise ValueError(
+            f"Argument `{argument}`: metric {metric.name!r} was created outside "
+            f"`strategy.scope()` of the Trainer's strategy ({type(strategy).__name__}) "
+            "and cannot be re-created from its config there; create it inside the "
+            f"scope. Received: {metric!r} ({error})"
+        ) from error
+
+
+def _reducing_loss(per_example: Any) -> keras.losses.Loss:
+    """The Keras `Loss` behind the engine's per-example loss function.
+
+    The engine keeps a `Loss` object's unreduced `call`; evaluation needs the object
+    itself (its reduction, sample weighting and masking). A function is wrapped as
+    `compile` wraps it (`LossFunctionWrapper`, which also accepts a scalar return).
+    """
+    owner = getattr(per_example, "__self__", None)
+    if isinstance(owner, keras.losses.Loss):
+        return owner
+    return LossFunctionWrapper(per_example)
+
+
+def _to_float(value: Any) -> Any:
+    array = np.asarray(keras.ops.convert_to_numpy(value))
+    return float(array) if array.ndim == 0 else array.tolist()

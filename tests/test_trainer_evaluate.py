@@ -1,0 +1,84 @@
+"""`Trainer.evaluate` takes Keras metrics, losses and names and matches `model.evaluate`.
+
+103 examples in batches of 16 (an uneven last batch, split unevenly across replicas);
+the references are plain Keras's `model.evaluate` on the same weights (rtol 1e-5:
+float32 sums in another order) and numpy for the per-example means.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_adabatch
+
+from conftest import get_strategy
+from helpers import mlp
+
+M = 4
+
+
+def setup(replicas: int, loss):
+    strategy = get_strategy(replicas)
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    trainer = tf_adabatch.Trainer(
+        model, loss=loss, optimizer=optimizer, micro_batch_size=M, strategy=strategy
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(103, 6)).astype("float32")
+    y = rng.integers(0, 3, size=103)
+    sw = rng.uniform(0.5, 1.5, size=103).astype("float32")
+    return strategy, model, trainer, x, y, sw
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_metrics_names_objects_losses_and_weights_match_keras(replicas: int) -> None:
+    xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    strategy, model, trainer, x, y, sw = setup(replicas, xent)
+    data = tf.data.Dataset.from_tensor_slices((x, y, sw)).batch(16)
+    # Created outside the strategy's scope: re-created in it.
+    outside = keras.metrics.SparseCategoricalAccuracy(name="acc_obj")
+    result = trainer.evaluate(
+        data,
+        metrics=["accuracy", outside, xent],
+        weighted_metrics={"wacc": keras.metrics.SparseCategoricalAccuracy()},
+    )
+    with strategy.scope():
+        model.compile(
+            loss=xent,
+            metrics=["accuracy", keras.metrics.SparseCategoricalAccuracy(name="acc_obj")],
+            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="wacc")],
+        )
+    expected = model.evaluate(x, y, sample_weight=sw, batch_size=16, verbose=0, return_dict=True)
+    for name in ("loss", "accuracy", "acc_obj", "wacc"):
+        assert result[name] == pytest.approx(expected[name], rel=1e-5), name
+    # By hand: the weighted loss over all examples, the per-example mean of the Loss.
+    logits = model.predict(x, verbose=0).astype(np.float64)
+    nll = -(logits - np.log(np.exp(logits).sum(1, keepdims=True)))[np.arange(103), y]
+    assert result["loss"] == pytest.approx((nll * sw).sum() / 103, rel=1e-5)
+    assert result["sparse_categorical_crossentropy"] == pytest.approx(nll.mean(), rel=1e-5)
+    correct = logits.argmax(1) == y
+    assert result["wacc"] == pytest.approx((correct * sw).sum() / sw.sum(), rel=1e-5)
+
+
+def test_scalar_loss_with_sample_weights_matches_keras() -> None:
+    def mean_loss(y_true, y_pred):  # returns the batch mean, not per-example values
+        return tf.reduce_mean(tf.square(y_pred[:, 0] - tf.cast(y_true, tf.float32)))
+
+    _, model, trainer, x, y, sw = setup(1, mean_loss)
+    result = trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y, sw)).batch(16))
+    model.compile(loss=mean_loss)
+    expected = model.evaluate(x, y, sample_weight=sw, batch_size=16, verbose=0)
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_bad_metrics_argument_is_refused() -> None:
+    _, _, trainer, x, y, _ = setup(1, "mse")
+    with pytest.raises(
+        TypeError, match=r"Argument `metrics` must hold metric names.*Received: metrics=\[3\]"
+    ):
+        trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), metrics=[3])
