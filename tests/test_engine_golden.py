@@ -111,6 +111,7 @@ def run_engine(
         micro_batch_size=1,
         base_batch_size=1,
         policy=tf_adabatch.StaticPolicy(replicas * micro_steps),
+        similarity="exact",  # the default ("auto") is estimated on one replica
         strategy=strategy,
     )
     x = np.concatenate([np.asarray(s, np.float32) for s in steps])
