@@ -312,6 +312,22 @@ MUTANTS = [
         ("tests/test_rollback.py",),
         "a non-finite update counts as a skipped step",
     ),
+    Mutant(
+        "skip_leaves_metrics_updated",
+        "tf_adabatch/engine.py",
+        "self._rollback.add_local(metrics, check_finite=False)",
+        "pass",
+        ("tests/test_rollback.py",),
+        "under attach a skipped step leaves the compiled metrics alone",
+    ),
+    Mutant(
+        "state_nan_counts_as_non_finite_update",
+        "tf_adabatch/engine.py",
+        "            unchecked=list(self.state.variables),",
+        "            unchecked=[],",
+        ("tests/test_rollback.py",),
+        "a NaN similarity in the state (none measured yet) is not a non-finite update",
+    ),
     # ------------------------------------------------------ estimated similarity
     Mutant(
         "estimated_similarity_from_smoothed_moments",

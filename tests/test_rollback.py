@@ -175,3 +175,29 @@ def test_base_batch_size_zero_is_refused_not_replaced_by_the_default() -> None:
             micro_batch_size=4,
             base_batch_size=0,
         )
+
+
+def test_under_attach_a_skipped_step_leaves_the_compiled_metrics_alone() -> None:
+    """fit over three micro-batches, the second holding a NaN: with learning rate 0 the
+    predictions never change, so the epoch's loss and MAE must be the means over the
+    first and third micro-batches alone, computed here from the model's predictions
+    (without the roll-back both would be NaN)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=["mae"])
+    tf_adabatch.attach(model, micro_batch_size=M, policy=tf_adabatch.StaticPolicy(M))
+    x, y = regression_data(3 * M)
+    x[M + 1, 2] = np.nan
+    clean = np.r_[0:M, 2 * M : 3 * M]
+    pred = model.predict(x[clean], verbose=0)
+    history = model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(M, drop_remainder=True), verbose=0
+    )
+    engine = model._adabatch_engine
+    assert int(engine.state.skipped_steps.numpy()) == 1 and int(engine.state.steps.numpy()) == 2
+    np.testing.assert_allclose(
+        history.history["loss"], [np.mean((pred - y[clean]) ** 2)], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        history.history["mae"], [np.mean(np.abs(pred - y[clean]))], rtol=1e-5
+    )

@@ -171,25 +171,41 @@ class _Rollback:
         *,
         local: list[Any],
         mirrored: list[Any],
+        unchecked: list[Any],
         name: str,
     ) -> None:
-        self.local = _unique(local)
-        self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
+        self._strategy, self._name = strategy, name
+        self.local: list[Any] = []
         self._pairs: list[tuple[Any, Any]] = []
-        with strategy.scope():
-            for i, tv in enumerate(self.local):
+        self._checked: list[Any] = []  # per-device copies whose finiteness counts
+        self.add_local(local)
+        self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
+        # The adaptive state may hold NaN legitimately (no similarity yet): only the
+        # weights and the optimizer's variables count in the finiteness check.
+        unchecked_ids = {id(v) for v in _unique(unchecked)}
+        self._checked_mirrored = [v for v in self.mirrored if id(v) not in unchecked_ids]
+
+    def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
+        """Saves these too from now on (host code, before the step is traced)."""
+        with self._strategy.scope():
+            for tv in _unique(variables):
+                if any(tv is v for v in self.local):
+                    continue
                 backup = tf.Variable(
                     tf.zeros(tv.shape, tv.dtype),
-                    name=f"{name}_{i}",
+                    name=f"{self._name}_{len(self.local)}",
                     trainable=False,
                     synchronization=tv.synchronization,
                     aggregation=tv.aggregation,
                 )
-                sources = strategy.experimental_local_results(tv)
-                copies = strategy.experimental_local_results(backup)
+                self.local.append(tv)
+                sources = self._strategy.experimental_local_results(tv)
+                copies = self._strategy.experimental_local_results(backup)
                 if len(sources) != len(copies):  # pragma: no cover - a strategy invariant
                     raise RuntimeError(f"Cannot pair the per-device copies of {tv.name}.")
                 self._pairs.extend(zip(sources, copies, strict=True))
+                if check_finite:
+                    self._checked.extend(sources)
 
     def save(self) -> list[tf.Tensor]:
         for source, copy in self._pairs:
@@ -205,9 +221,10 @@ class _Rollback:
             variable.assign(value)
 
     def all_finite(self) -> tf.Tensor:
-        """Whether every floating-point variable holds only finite values (every copy
-        of the local ones, the first copy of the mirrored ones)."""
-        values = [source for source, _ in self._pairs] + self.mirrored
+        """Whether every floating-point variable checked holds only finite values (every
+        copy of the local ones, the first copy of the mirrored ones; not the adaptive
+        state's, nor the metrics')."""
+        values = self._checked + self._checked_mirrored
         checks = [
             tf.reduce_all(tf.math.is_finite(v.read_value())) for v in values if v.dtype.is_floating
         ]
@@ -420,6 +437,7 @@ class AdaptiveEngine:
                 *self._prev,
             ],
             mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
+            unchecked=list(self.state.variables),
             name="adabatch_backup",
         )
         # Called in replica context after each micro-step's forward pass with
@@ -489,6 +507,13 @@ class AdaptiveEngine:
         Raises:
           NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
         """
+        if self.trace_count == 0:
+            # Keras's metrics (loss tracker, compiled metrics: built by `fit` before
+            # its first step) are updated by the micro-steps under `attach`: a skipped
+            # step leaves them as they were too. Their values may be anything, so
+            # they do not count in the finiteness check.
+            metrics = [v for m in getattr(self.model, "metrics", []) for v in m.variables]
+            self._rollback.add_local(metrics, check_finite=False)
         progress_before = float(self.state.progress.numpy())
         traces = self.trace_count
         start = time.perf_counter()
