@@ -198,11 +198,13 @@ class _Rollback:
                     synchronization=tv.synchronization,
                     aggregation=tv.aggregation,
                 )
-                self.local.append(tv)
                 sources = self._strategy.experimental_local_results(tv)
                 copies = self._strategy.experimental_local_results(backup)
-                if len(sources) != len(copies):  # pragma: no cover - a strategy invariant
-                    raise RuntimeError(f"Cannot pair the per-device copies of {tv.name}.")
+                if len(sources) != len(copies):
+                    # Not one copy per device (e.g. a metric variable made outside the
+                    # strategy's scope): no per-device pairing, so not guarded.
+                    continue
+                self.local.append(tv)
                 self._pairs.extend(zip(sources, copies, strict=True))
                 if check_finite:
                     self._checked.extend(sources)
