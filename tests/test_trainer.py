@@ -97,6 +97,9 @@ def test_quiet_fit_prints_nothing_and_writes_nothing(tmp_path, capsys, monkeypat
             "applied",
             "step",
             "consecutive_skips",
+            "step_time",
+            "examples_per_second",
+            "progress_per_second",
         ]
     )
     assert len(history["loss"]) == 3
