@@ -82,3 +82,37 @@ def test_bad_metrics_argument_is_refused() -> None:
         TypeError, match=r"Argument `metrics` must hold metric names.*Received: metrics=\[3\]"
     ):
         trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), metrics=[3])
+
+
+@pytest.mark.parametrize("shape", ["(batch,)", "(batch, 1)"])
+def test_training_with_a_scalar_loss_and_sample_weights_follows_keras(shape: str) -> None:
+    """A loss returning its batch mean, trained with sample weights: Keras's rule makes
+    the step's loss mean_loss * mean(weights) (the scalar broadcast over the weights),
+    and weights of shape (batch, 1) are the same weights as (batch,).
+
+    One replica, one micro-batch of M = 4 per step, static batch 4: the first step's
+    loss is computed here with numpy from the initial weights."""
+
+    def mean_loss(y_true, y_pred):
+        return tf.reduce_mean(tf.square(y_pred[:, 0] - tf.cast(y_true, tf.float32)))
+
+    _, model, trainer, x, y, sw = setup(1, mean_loss)
+    weights = sw[:, None] if shape == "(batch, 1)" else sw
+    pred = model.predict(x[:M], verbose=0).astype(np.float64)
+    expected = np.mean((pred[:, 0] - y[:M]) ** 2) * np.mean(sw[:M])
+    data = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(M, drop_remainder=True)
+    history = trainer.fit(data, steps=2, verbose=0)
+    assert history["loss"][0] == pytest.approx(expected, rel=1e-5)
+    assert np.isfinite(history["loss"][1])
+
+
+def test_sample_weights_of_another_shape_are_refused() -> None:
+    _, _, trainer, x, y, _ = setup(1, "sparse_categorical_crossentropy")
+    weights = np.ones((103, 2), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(M, drop_remainder=True)
+    with pytest.raises(
+        ValueError,
+        match=r"Argument `sample_weight` must have one weight per example .* "
+        r"Received: sample_weight of shape \(4, 2\)",
+    ):
+        trainer.fit(data, steps=1, verbose=0)

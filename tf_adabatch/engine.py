@@ -114,6 +114,40 @@ def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor
     )
 
 
+def weighted_losses(losses: tf.Tensor, sample_weight: Any) -> tf.Tensor:
+    """`losses * sample_weight`, the weights' shape matched to the losses' as Keras does.
+
+    Trailing size-1 axes of the weights are dropped while they outrank the losses (weights
+    of shape `(batch, 1)` with losses of shape `(batch,)`), and trailing axes are added
+    while the losses outrank them (weights `(batch,)`, losses `(batch, time)`). A loss
+    that returns its batch mean (a scalar) is multiplied by every weight, so the step's
+    loss is that mean times the weights' mean: Keras's `model.fit` does the same.
+
+    >>> float(tf.reduce_mean(weighted_losses(tf.constant(2.0), tf.constant([[1.0], [3.0]]))))
+    4.0
+    """
+    sw = tf.cast(sample_weight, losses.dtype)
+    loss_rank, sw_rank = losses.shape.rank, sw.shape.rank
+    if loss_rank is None or sw_rank is None:
+        raise ValueError(
+            "tf_adabatch needs the rank of the losses and of the sample weights when the step "
+            f"is traced. Received: losses of shape {losses.shape} and sample_weight of shape "
+            f"{sw.shape}"
+        )
+    while sw_rank > max(loss_rank, 1) and sw.shape[-1] == 1:
+        sw = tf.squeeze(sw, axis=-1)
+        sw_rank -= 1
+    if sw_rank > max(loss_rank, 1):
+        raise ValueError(
+            "Argument `sample_weight` must have one weight per example (shape (batch,) or "
+            f"(batch, 1)) or the losses' shape {losses.shape}. Received: sample_weight of "
+            f"shape {sw.shape}"
+        )
+    if loss_rank > sw_rank:
+        sw = tf.reshape(sw, tf.concat([tf.shape(sw), tf.ones([loss_rank - sw_rank], tf.int32)], 0))
+    return losses * sw
+
+
 def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.Tensor) -> None:
     """slot = values if `overwrite` else slot + values (one `tf.cond`, replica-local)."""
 
@@ -587,14 +621,7 @@ class AdaptiveEngine:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
             if sample_weight is not None:
-                sw = tf.cast(sample_weight, tf.float32)
-                sw = tf.reshape(
-                    sw,
-                    tf.concat(
-                        [tf.shape(sw), tf.ones([tf.rank(per_example) - tf.rank(sw)], tf.int32)], 0
-                    ),
-                )
-                per_example = per_example * sw
+                per_example = weighted_losses(per_example, sample_weight)
             data_loss = tf.reduce_mean(per_example)
             loss = data_loss + self._extra_losses()
             if self._loss_scaled:
