@@ -108,21 +108,95 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "metrics.json").read_text())["optimizer_steps"] == saved[-1] + 5
 
 
-def test_mistyped_field_fails_with_a_suggestion(tmp_path: Path) -> None:
-    result = launch("synthetic.py", tmp_path, "--config.policy.target_similarty=0.3", timeout=120)
-    assert result.returncode != 0
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "error: 'target_similarty' Did you mean \"target_similarity\"" in result.stderr
+SYNTHETIC = str(ROOT / "configs" / "synthetic.py")
+BROKEN_CONFIGS = {
+    "syntax_error": ("def get_config(:\n", r"line 1: invalid syntax"),
+    "name_error": (
+        "def get_config():\n    return undefined_name\n",
+        r"line 2: NameError: name 'undefined_name' is not defined",
+    ),
+    "plain_dict": ("def get_config():\n    return {'seed': 0}\n", None),
+    "string_number": (
+        "from configs import base\n\n\ndef get_config():\n    c = base.get_config()\n"
+        "    c.micro_batch_size = '32'\n    return c\n",
+        r"line 6: TypeError: Could not override field 'micro_batch_size' .*"
+        r"32 is of original type <class 'str'> and cannot be casted to type <class 'int'>",
+    ),
+}
+BAD_FLAGS = {
+    "stray": (
+        "stray",
+        "error: unexpected positional argument(s): stray (flags are --name=value)",
+    ),
+    "not_an_integer": (
+        "--config.micro_batch_size=abc",
+        "error: Config field `micro_batch_size` must be an integer. Received: micro_batch_size='abc'",
+    ),
+    "not_a_number": (
+        "--config.optimizer.learning_rate=fast",
+        "error: Config field `optimizer.learning_rate` must be a number. Received: optimizer.learning_rate='fast'",
+    ),
+    "none_where_not_allowed": (
+        "--config.micro_batch_size=None",
+        "error: Config field `micro_batch_size` must be an integer >= 1. Received: micro_batch_size=None",
+    ),
+}
 
 
-def test_bad_value_fails_with_one_clear_line(tmp_path: Path) -> None:
-    result = launch("synthetic.py", tmp_path, "--config.policy.target_similarity=1.3", timeout=120)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert (
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Every refused command line below, run by `launch/train.py`'s own `parse_flags` and
+    `main` in one shared subprocess (tests/launch_cases.py): (folder, results by case)."""
+    root = tmp_path_factory.mktemp("refusals")
+    cases: dict[str, list[str]] = {
+        "mistyped": [
+            f"--config={SYNTHETIC}",
+            f"--workdir={root / 'mistyped'}",
+            "--config.policy.target_similarty=0.3",
+        ],
+        "bad_value": [
+            f"--config={SYNTHETIC}",
+            f"--workdir={root / 'bad_value'}",
+            "--config.policy.target_similarity=1.3",
+        ],
+        "missing_config": [
+            f"--config={ROOT / 'configs' / 'no_such_config.py'}",
+            f"--workdir={root / 'missing'}",
+        ],
+        "workdir_is_a_file": [f"--config={SYNTHETIC}", f"--workdir={root / 'a_file'}"],
+    }
+    (root / "a_file").write_text("")
+    for name, (source, _) in BROKEN_CONFIGS.items():
+        (root / f"{name}.py").write_text(source)
+        cases[f"broken_{name}"] = [f"--config={root / f'{name}.py'}", f"--workdir={root / name}"]
+    for name, (flag, _) in BAD_FLAGS.items():
+        cases[f"flag_{name}"] = [f"--config={SYNTHETIC}", f"--workdir={root / name}", flag]
+    (root / "cases.json").write_text(json.dumps(cases))
+    cmd = [sys.executable, str(ROOT / "tests" / "launch_cases.py"), str(root / "cases.json")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    assert sorted(results) == sorted(cases)
+    return root, results
+
+
+def refused(results: dict, case: str) -> list[str]:
+    """The case's `error:` lines, after checking it exited 2 without a traceback."""
+    outcome = results[case]
+    assert outcome["code"] == 2 and "Traceback" not in outcome["stderr"], outcome["stderr"][-2000:]
+    return [line for line in outcome["stderr"].splitlines() if line.startswith("error:")]
+
+
+def test_mistyped_field_fails_with_a_suggestion(refusals) -> None:
+    errors = refused(refusals[1], "mistyped")
+    assert len(errors) == 1
+    assert errors[0].startswith("error: 'target_similarty' Did you mean \"target_similarity\"")
+
+
+def test_bad_value_fails_with_one_clear_line(refusals) -> None:
+    assert refused(refusals[1], "bad_value") == [
         "error: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3"
-        in result.stderr.splitlines()
-    )
+    ]
 
 
 def with_value(field: str, value) -> ml_collections.ConfigDict:
@@ -286,33 +360,12 @@ def test_config_that_is_not_a_config_dict_is_refused() -> None:
         experiment.validate_config({"dataset": "digits"})
 
 
-@pytest.mark.parametrize(
-    "source,expected",
-    [
-        ("def get_config(:\n", r"line 1: invalid syntax"),
-        (
-            "def get_config():\n    return undefined_name\n",
-            r"line 2: NameError: name 'undefined_name' is not defined",
-        ),
-        ("def get_config():\n    return {'seed': 0}\n", None),
-        (
-            "from configs import base\n\n\ndef get_config():\n    c = base.get_config()\n"
-            "    c.micro_batch_size = '32'\n    return c\n",
-            r"line 6: TypeError: Could not override field 'micro_batch_size' .*"
-            r"32 is of original type <class 'str'> and cannot be casted to type <class 'int'>",
-        ),
-    ],
-    ids=["syntax_error", "name_error", "plain_dict", "string_number"],
-)
-def test_broken_config_file_fails_with_one_clear_line(
-    tmp_path: Path, source: str, expected: str | None
-) -> None:
-    path = tmp_path / "broken.py"
-    path.write_text(source)
-    result = launch(str(path), tmp_path / "workdir", timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
+@pytest.mark.parametrize("name", sorted(BROKEN_CONFIGS))
+def test_broken_config_file_fails_with_one_clear_line(refusals, name: str) -> None:
+    root, results = refusals
+    path, expected = root / f"{name}.py", BROKEN_CONFIGS[name][1]
+    errors = refused(results, f"broken_{name}")
+    assert len(errors) == 1, results[f"broken_{name}"]["stderr"]
     if expected is None:
         assert "Argument `config` must be an ml_collections.ConfigDict" in errors[0]
         assert "Received: config of type dict" in errors[0]
@@ -321,39 +374,17 @@ def test_broken_config_file_fails_with_one_clear_line(
         assert re.search(expected, errors[0]), errors[0]
 
 
-@pytest.mark.parametrize(
-    "flag,expected",
-    [
-        ("stray", "error: unexpected positional argument(s): stray (flags are --name=value)"),
-        (
-            "--config.micro_batch_size=abc",
-            "error: Config field `micro_batch_size` must be an integer. Received: micro_batch_size='abc'",
-        ),
-        (
-            "--config.optimizer.learning_rate=fast",
-            "error: Config field `optimizer.learning_rate` must be a number. Received: optimizer.learning_rate='fast'",
-        ),
-        (
-            "--config.micro_batch_size=None",
-            "error: Config field `micro_batch_size` must be an integer >= 1. Received: micro_batch_size=None",
-        ),
-    ],
-)
-def test_bad_flag_fails_with_one_clear_line(tmp_path: Path, flag: str, expected: str) -> None:
-    result = launch("synthetic.py", tmp_path, flag, timeout=180)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [expected]
+@pytest.mark.parametrize("name", sorted(BAD_FLAGS))
+def test_bad_flag_fails_with_one_clear_line(refusals, name: str) -> None:
+    assert refused(refusals[1], f"flag_{name}") == [BAD_FLAGS[name][1]]
 
 
-def test_workdir_that_is_a_file_fails_with_one_clear_line(tmp_path: Path) -> None:
-    path = tmp_path / "a_file"
-    path.write_text("")
-    result = launch("synthetic.py", path, timeout=180)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert (
-        f"error: Argument `workdir` must be a writable folder (or a path where one can be created). Received: workdir='{path}' (a file)"
-        in result.stderr.splitlines()
-    )
+def test_workdir_that_is_a_file_fails_with_one_clear_line(refusals) -> None:
+    root, results = refusals
+    assert refused(results, "workdir_is_a_file") == [
+        "error: Argument `workdir` must be a writable folder (or a path where one can be "
+        f"created). Received: workdir='{root / 'a_file'}' (a file)"
+    ]
 
 
 def test_unreadable_checkpoints_stop_with_one_line_and_none_overrides_parse(tmp_path: Path) -> None:
@@ -439,13 +470,10 @@ def test_multiworker_launcher_exits_4_when_a_worker_is_killed(tmp_path: Path) ->
     assert "error: worker 1 was killed (SIGKILL); stopping the others." in result.stderr
 
 
-def test_missing_config_file_fails_with_one_clear_line(tmp_path: Path) -> None:
-    result = launch("no_such_config.py", tmp_path, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert any(
-        line.startswith("error: --config:") and "No such file" in line
-        for line in result.stderr.splitlines()
-    )
+def test_missing_config_file_fails_with_one_clear_line(refusals) -> None:
+    errors = refused(refusals[1], "missing_config")
+    assert len(errors) == 1
+    assert errors[0].startswith("error: --config:") and "No such file" in errors[0]
 
 
 def test_local_multiworker_launcher_trains_digits_with_two_workers(tmp_path: Path) -> None:
