@@ -14,10 +14,12 @@ Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
   micro_batch_size          examples per replica per micro-step
   base_batch_size           B0: the batch the learning rate and schedule are tuned for
   similarity                exact (group cosine) | estimated (from scalar statistics)
-  policy.kind               static | simigrad | noise_scale
+  policy.kind               static | simigrad | noise_scale | goodput
   policy.initial_batch_size / min_batch_size / max_batch_size   global batch sizes
   policy.target_similarity, step, interval, smoothing           SimiGrad controller
   policy.factor             noise_scale: batch = factor x noise scale
+  policy.hysteresis         goodput: relative gain in predicted progress per second needed
+                            to change the batch (pair goodput with lr.rule=adascale)
   optimizer.learning_rate   base learning rate at B0; momentum, nesterov: SGD
   lr.rule                   adascale | sqrt | linear | none
   lr.schedule               cosine (over the base run) | constant
@@ -55,6 +57,7 @@ def get_config() -> config_dict.ConfigDict:
     config.policy.interval = 1
     config.policy.smoothing = config_dict.placeholder(float)
     config.policy.factor = 1.0
+    config.policy.hysteresis = 0.05
 
     config.optimizer = config_dict.ConfigDict()
     config.optimizer.learning_rate = 0.05

@@ -27,12 +27,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from absl import flags
-
-from launch import train
-
 
 def run_case(argv: list[str]) -> dict:
+    # Imported here, not at the top: pytest imports this file (doctests), and
+    # launch/train.py defines absl flags other scripts' tests define too.
+    from absl import flags
+
+    from launch import train
+
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
     sys.argv = [str(train.__file__), *argv]  # ml_collections reads overrides from sys.argv

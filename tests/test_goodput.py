@@ -174,7 +174,7 @@ def test_explores_until_the_throughput_model_is_ready_and_nan_changes_nothing() 
 
 def test_goodput_policy_validates_its_arguments() -> None:
     with pytest.raises(TypeError, match="`throughput` must be"):
-        GoodputPolicy(None, initial_batch_size=32, min_batch_size=32, max_batch_size=64)
+        GoodputPolicy("fast", initial_batch_size=32, min_batch_size=32, max_batch_size=64)
     with pytest.raises(ValueError, match="`hysteresis` must be >= 0"):
         GoodputPolicy(
             ThroughputModel(),
@@ -236,3 +236,40 @@ def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_
     per_micro = run(step_delay=0.0, micro_delay=0.03)
     assert fixed[-1] == 64.0, fixed
     assert per_micro[-1] == 8.0, per_micro
+
+
+def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoints(
+    tmp_path,
+) -> None:
+    """`policy.kind = "goodput"` from a config: checking the config creates no variable
+    (no TensorFlow op may run before the strategy exists); a run times every step but
+    the traced first one, and a resumed run continues the same window of timings.
+
+    8 steps: the first traces (no timing), so 7 timings; resumed to 12: the resumed
+    process traces its first step again, so 7 + 3 = 10."""
+    from configs import synthetic
+    from tf_adabatch import experiment
+
+    config = synthetic.get_config()
+    config.strategy = "one_device"
+    config.policy.kind = "goodput"
+    config.train.max_steps = 8
+    config.train.checkpoint_every_steps = 4
+    config.train.eval_every_base_epochs = 100.0
+    experiment.validate_config(config)
+    policy = experiment._policy(config)
+    assert isinstance(policy, GoodputPolicy) and policy.variables == ()
+    assert policy.base_batch_size == config.base_batch_size and policy.hysteresis == 0.05
+
+    def saved_count() -> int:
+        reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
+        keys = [k for k in reader.get_variable_to_shape_map() if "throughput" in k]
+        count = [k for k in keys if k.startswith("policy/throughput/count/")]
+        assert len(count) == 1, keys
+        return int(reader.get_tensor(count[0]))
+
+    assert experiment.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 8
+    assert saved_count() == 7
+    config.train.max_steps = 12
+    assert experiment.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 12
+    assert saved_count() == 10

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 STRATEGIES = ("mirrored", "one_device", "multi_worker", "tpu")
-POLICIES = ("static", "simigrad", "noise_scale")
+POLICIES = ("static", "simigrad", "noise_scale", "goodput")
 
 
 class ConfigError(ValueError):
@@ -570,6 +570,10 @@ def _policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
         return policies.StaticPolicy(p.initial_batch_size)
     if p.kind == "noise_scale":
         return policies.NoiseScalePolicy(p.factor, **bounds)
+    if p.kind == "goodput":
+        return policies.GoodputPolicy(
+            base_batch_size=config.base_batch_size, hysteresis=p.hysteresis, **bounds
+        )
     return policies.SimiGradPolicy(
         p.target_similarity, step=p.step, interval=p.interval, smoothing=p.smoothing, **bounds
     )

@@ -427,7 +427,8 @@ class GoodputPolicy(_BoundedPolicy):
 
     Args:
       throughput: the `ThroughputModel` the host feeds with step timings (the
-        `Trainer` and `attach` do it when the policy is a `GoodputPolicy`).
+        `Trainer` and `attach` do it when the policy is a `GoodputPolicy`); default a
+        new `ThroughputModel()`.
       initial_batch_size, min_batch_size, max_batch_size: global batch sizes.
       base_batch_size: B0 of the gain; default `initial_batch_size` (pass the
         engine's `base_batch_size` if it differs).
@@ -448,7 +449,7 @@ class GoodputPolicy(_BoundedPolicy):
 
     def __init__(
         self,
-        throughput: ThroughputModel,
+        throughput: ThroughputModel | None = None,
         *,
         initial_batch_size: int,
         min_batch_size: int,
@@ -461,6 +462,8 @@ class GoodputPolicy(_BoundedPolicy):
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
         )
+        if throughput is None:
+            throughput = ThroughputModel()
         if not isinstance(throughput, ThroughputModel):
             raise TypeError(
                 "Argument `throughput` must be a `tf_adabatch.throughput.ThroughputModel`. "
@@ -475,6 +478,10 @@ class GoodputPolicy(_BoundedPolicy):
         self.throughput = throughput
         self.base_batch_size = base_batch_size or initial_batch_size
         self.hysteresis = hysteresis
+
+    def build(self, batch_unit: int) -> None:
+        super().build(batch_unit)
+        self.throughput.build()
 
     def progress_rate(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
         """Predicted base-batch steps per second at `batch_size` (float64, graph-safe)."""

@@ -30,8 +30,9 @@ class ThroughputModel(tf.Module):
       window: how many of the latest timings the fit uses.
       min_timings_per_k: timings a value of k needs before its median counts.
 
-    Attributes (after `observe`): `alpha`, `beta` (seconds; float64 variables),
-    `ready` (1 once two or more values of k have enough timings, else 0).
+    Attributes (after `build` or the first `observe`): `alpha`, `beta` (seconds;
+    float64 variables), `ready` (1 once two or more values of k have enough timings,
+    else 0).
 
     Example (timings of a step costing 10 ms plus 5 ms per micro-step, one outlier):
 
@@ -54,6 +55,14 @@ class ThroughputModel(tf.Module):
                 )
         self.window = int(window)
         self.min_timings_per_k = int(min_timings_per_k)
+        self.built = False
+
+    def build(self) -> None:
+        """Creates the variables (once). `GoodputPolicy.build` calls it in the strategy's
+        scope; `observe` calls it if nobody did. Constructing the model runs no
+        TensorFlow op, so a config can be checked before the strategy exists."""
+        if self.built:
+            return
         agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
         with self.name_scope:
             self.timings_k = tf.Variable(
@@ -74,11 +83,13 @@ class ThroughputModel(tf.Module):
             self.ready = tf.Variable(
                 tf.constant(0, tf.int64), trainable=False, aggregation=agg, name="ready"
             )
+        self.built = True
 
     def observe(self, k: int, seconds: float) -> None:
         """Adds one timed optimizer step of `k` micro-steps and refits. Host code only."""
         if not (np.isfinite(seconds) and seconds > 0):
             return  # nothing to learn from a failed or zero timing
+        self.build()
         count = int(self.count.numpy())
         ks, times = self.timings_k.numpy(), self.timings_s.numpy()
         ks[count % self.window], times[count % self.window] = float(k), float(seconds)
