@@ -1,4 +1,4 @@
-r"""Statistical efficiency on Fashion-MNIST: five ways to train, several seeds, one command.
+r"""Statistical efficiency and time to accuracy on Fashion-MNIST: seven ways to train.
 
     python launch/benchmark_efficiency.py --outdir=workdir/benchmark_efficiency
 
@@ -13,6 +13,16 @@ change:
   adascale_16x       static batch 16 B0, AdaScale gain, schedule on progress tau
   simigrad_adascale  SimiGrad controls the batch in [B0, 16 B0], AdaScale (the default)
   simigrad_sqrt      SimiGrad controls the batch, learning rate x sqrt(S) (the reference)
+  simigrad_estimated simigrad_adascale with similarity='estimated' (no group all-reduce)
+  goodput            GoodputPolicy picks the batch in [B0, 16 B0] with the most progress
+                     per second on this machine, AdaScale
+
+Time to accuracy: every evaluation records the seconds the run has spent training
+(evaluations excluded; `adabatch/train_seconds` in its eval logs). For each run, the
+first evaluation at or above the baseline's mean final test accuracy gives the seconds,
+optimizer steps and examples to reach it. The runs are interleaved: each seed runs every
+variant, in an order rotated by one per seed, so slow spells of this shared machine hit
+all variants alike.
 
 The runs are sequential subprocesses, each with a time limit. A run that already wrote
 its `metrics.json` is not rerun, so an interrupted benchmark continues where it stopped
@@ -49,7 +59,11 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "adascale_16x": ("static", "adascale", "S"),
     "simigrad_adascale": ("simigrad", "adascale", None),
     "simigrad_sqrt": ("simigrad", "sqrt", None),
+    "simigrad_estimated": ("simigrad", "adascale", None),
+    "goodput": ("goodput", "adascale", None),
 }
+# Further overrides of some variants.
+EXTRA: dict[str, dict[str, Any]] = {"simigrad_estimated": {"similarity": "estimated"}}
 ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
 # Also kept per run: progress tau (the x-axis of the adaptation plot), and the policy's
 # reference lines (SimiGrad's target similarity and batch bounds), as written by training.
@@ -85,6 +99,7 @@ def _flags_for(variant: str, seed: int, b0: int) -> list[str]:
         "lr.warmup_base_epochs": (
             FLAGS.warmup_fraction * FLAGS.base_epochs if rule == "linear" else 0.0
         ),
+        **EXTRA.get(variant, {}),
     }
     out = [f"--config.{key}={value}" for key, value in values.items()]
     return out + [f"--config.{item}" for item in FLAGS.override]
@@ -141,6 +156,10 @@ def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
     curves["accuracy_examples"] = [
         (examples.get(step, math.nan), value) for step, value in curves["accuracy"]
     ]
+    seconds = dict(evals.get(summaries.TRAIN_SECONDS, []))
+    curves["accuracy_seconds"] = [
+        (seconds.get(step, math.nan), value) for step, value in curves["accuracy"]
+    ]
     references = {
         tag: train[f"adabatch/{tag}"][-1][1] for tag in REFERENCE_TAGS if f"adabatch/{tag}" in train
     }
@@ -153,15 +172,56 @@ def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
     }
 
 
+def run_plan(variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Every seed runs every variant; the order rotates by one per seed (interleaved).
+
+    >>> run_plan(["a", "b", "c"], [0, 1])
+    [('a', 0), ('b', 0), ('c', 0), ('b', 1), ('c', 1), ('a', 1)]
+    """
+    n = len(variants)
+    return [(variants[(i + j) % n], seed) for i, seed in enumerate(seeds) for j in range(n)]
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def time_to_accuracy(run: dict[str, Any], target: float) -> dict[str, float] | None:
+    """Seconds (training only), optimizer steps and examples at the run's first
+    evaluation with test accuracy >= `target`; None if it never got there.
+
+    >>> run = {"curves": {"accuracy": [(10, 0.5), (20, 0.8), (30, 0.9)],
+    ...                   "accuracy_seconds": [(4.0, 0.5), (9.0, 0.8), (13.0, 0.9)],
+    ...                   "accuracy_examples": [(320, 0.5), (960, 0.8), (1600, 0.9)]}}
+    >>> time_to_accuracy(run, 0.75)
+    {'seconds': 9.0, 'steps': 20.0, 'examples': 960.0}
+    >>> time_to_accuracy(run, 0.95) is None
+    True
+    """
+    curves = run["curves"]
+    points = zip(
+        curves["accuracy"],
+        curves.get("accuracy_seconds", []),
+        curves["accuracy_examples"],
+        strict=True,
+    )
+    for (step, accuracy), (seconds, _), (examples, _) in points:
+        if accuracy >= target:
+            return {"seconds": float(seconds), "steps": float(step), "examples": float(examples)}
+    return None
+
+
 def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Per-variant means and standard deviations, and the targets' verdicts."""
+    """Per-variant means and standard deviations, and the targets' verdicts.
+
+    Time to accuracy is against the baseline's mean final test accuracy, averaged over
+    the runs that reached it (`reached` says how many did).
+    """
+    baseline = [float(r["metrics"]["test_accuracy"]) for r in runs if r["variant"] == "baseline"]
+    target = statistics.fmean(baseline) if baseline else None
     rows = []
     for variant in VARIANTS:
-        mine = [r["metrics"] for r in runs if r["variant"] == variant]
+        mine = [r for r in runs if r["variant"] == variant]
         if not mine:
             continue
         row: dict[str, Any] = {"variant": variant, "runs": len(mine)}
@@ -172,11 +232,39 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
             "average_batch_size",
             "wall_time_s",
         ):
-            row[key] = _mean_std([float(m[key]) for m in mine])
+            row[key] = _mean_std([float(r["metrics"][key]) for r in mine])
+        if target is not None:
+            reached = [t for t in (time_to_accuracy(r, target) for r in mine) if t is not None]
+            row["target_accuracy"] = target
+            row["reached"] = len(reached)
+            for key in ("seconds", "steps", "examples"):
+                row[f"{key}_to_target"] = (
+                    _mean_std([t[key] for t in reached]) if reached else (math.nan, math.nan)
+                )
         rows.append(row)
     by = {row["variant"]: row for row in rows}
     verdicts = []
     base = by.get("baseline")
+    if base and "goodput" in by:
+        mine = by["goodput"]["seconds_to_target"][0]
+        others = {
+            v: by[v]["seconds_to_target"][0]
+            for v in ("baseline", "simigrad_adascale", "adascale_16x")
+            if v in by
+        }
+        # At most the baseline's time, and less than the other adaptive variants' (a
+        # variant that never reached the accuracy took longer than any finite time).
+        ok = by["goodput"]["reached"] == by["goodput"]["runs"] and all(
+            not math.isfinite(t) or (mine <= t if v == "baseline" else mine < t)
+            for v, t in others.items()
+        )
+        ratios = ", ".join(f"{mine / t:.2f}x {v}'s" for v, t in others.items())
+        verdicts.append(
+            f"{'MET' if ok else 'NOT MET'}: goodput reaches the baseline's accuracy in "
+            f"{mine:.0f} s of training, {ratios} (target: at most 1.0x the baseline's, "
+            "below the others'; "
+            f"{by['goodput']['reached']}/{by['goodput']['runs']} runs reached it)"
+        )
     if base:
         acc0, steps0 = base["test_accuracy"][0], base["optimizer_steps"][0]
         for variant, quarter in (("simigrad_adascale", True), ("adascale_16x", False)):
@@ -199,8 +287,9 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
 def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:
     lines = [
         "| variant | runs | test accuracy (%) | optimizer steps | examples | average batch "
-        "| wall time in run() (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| wall time in run() (s) | training seconds to the baseline's accuracy "
+        "| steps to it | examples to it |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         acc, steps, ex, batch, wall = (
@@ -217,8 +306,30 @@ def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:
             f"| {row['variant']} | {row['runs']} | {100 * acc[0]:.2f} ± {100 * acc[1]:.2f} "
             f"| {steps[0]:.0f} ± {steps[1]:.0f} | {ex[0] / 1e6:.3f}M ± {ex[1] / 1e6:.3f}M "
             f"| {batch[0]:.0f} ± {batch[1]:.0f} | {wall[0]:.0f} ± {wall[1]:.0f} |"
+            + _to_target_cells(row)
         )
+    if rows and "target_accuracy" in rows[0]:
+        lines += [
+            "",
+            f"Time to accuracy: to {100 * rows[0]['target_accuracy']:.2f}% (the baseline's "
+            "mean final test accuracy), training seconds (evaluations excluded), mean over "
+            "the runs that reached it (their number in brackets).",
+        ]
     return "\n".join(lines + [""] + [f"- {v}" for v in verdicts]) + "\n"
+
+
+def _to_target_cells(row: dict[str, Any]) -> str:
+    if "reached" not in row:
+        return " - | - | - |"
+    if not row["reached"]:
+        return f" not reached (0/{row['runs']}) | - | - |"
+    (sec, sec_sd), (steps, steps_sd), (ex, ex_sd) = (
+        row[f"{k}_to_target"] for k in ("seconds", "steps", "examples")
+    )
+    return (
+        f" {sec:.0f} ± {sec_sd:.0f} ({row['reached']}/{row['runs']}) | {steps:.0f} ± {steps_sd:.0f} "
+        f"| {ex / 1e6:.3f}M ± {ex_sd / 1e6:.3f}M |"
+    )
 
 
 def _seed_band(
@@ -278,7 +389,7 @@ def accuracy_window(runs: list[dict[str, Any]]) -> tuple[float, float, list[str]
 
 
 def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
-    """accuracy.png (against steps and examples) and adaptation.png (adaptive runs).
+    """accuracy.png (against steps, examples and training seconds) and adaptation.png.
 
     Every variant is drawn as its mean over the seeds with a band from the lowest to the
     highest seed. The accuracy axes are zoomed to where the variants differ: from a little
@@ -307,11 +418,13 @@ def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
         )
         return text + ("" if variant in trained else " (off the chart)")
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    keys = ("accuracy", "accuracy_examples", "accuracy_seconds")
+    xlabels = ("optimizer steps", "training examples", "training seconds, evaluations excluded")
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     entering = dict.fromkeys(axes, math.inf)  # the x where a drawn curve enters the window
     for variant, mine in by_variant.items():
-        for ax, key in zip(axes, ("accuracy", "accuracy_examples"), strict=True):
-            curves = [r["curves"][key] for r in mine if r["curves"][key]]
+        for ax, key in zip(axes, keys, strict=True):
+            curves = [r["curves"][key] for r in mine if r["curves"].get(key)]
             if not curves:
                 continue
             x, mean, lowest, highest = _seed_band(curves)
@@ -320,7 +433,7 @@ def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
                 entering[ax] = min(entering[ax], x[max(inside[0] - 1, 0)])
             ax.plot(x, mean, "o-", ms=3, color=colors[variant], label=label(variant))
             ax.fill_between(x, lowest, highest, color=colors[variant], alpha=0.2, lw=0)
-    for ax, xlabel in zip(axes, ("optimizer steps", "training examples"), strict=True):
+    for ax, xlabel in zip(axes, xlabels, strict=True):
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -332,11 +445,11 @@ def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, fontsize=9)
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False, fontsize=9)
     fig.suptitle(
         "Test accuracy at each evaluation: mean over seeds, band from lowest to highest seed"
     )
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 2), 1, 1))
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 3), 1, 1))
     paths = [outdir / "accuracy.png"]
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
@@ -429,7 +542,7 @@ def main(argv: list[str]) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     runs = []
     start = time.time()
-    plan = [(v, int(s)) for s in FLAGS.seeds for v in FLAGS.variants]
+    plan = run_plan(FLAGS.variants, [int(seed) for seed in FLAGS.seeds])
     for i, (variant, seed) in enumerate(plan, 1):
         t0 = time.time()
         run = _run(variant, seed, b0)

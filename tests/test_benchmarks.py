@@ -6,6 +6,7 @@ The full benchmarks are not part of the suite; their results are in docs/benchma
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -55,6 +56,8 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
         "adascale_16x",
         "simigrad_adascale",
         "simigrad_sqrt",
+        "simigrad_estimated",
+        "goodput",
     ]
     # digits: 1,497 training images, B0 = 16: the budget is ceil(0.5 * 1497 / 16) = 47
     # base steps; the baseline takes exactly that many steps of 16 examples, and the
@@ -73,9 +76,31 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
         assert sum(b for _, b in curves["batch_size"]) == metrics["examples_seen"]
         assert len(curves["batch_size"]) == metrics["optimizer_steps"]
         assert curves["accuracy"][-1][1] == pytest.approx(metrics["test_accuracy"])
+        # Training seconds at each evaluation: positive, increasing, within the run's.
+        seconds = [t for t, _ in curves["accuracy_seconds"]]
+        assert len(seconds) == len(curves["accuracy"]) >= 2
+        assert seconds[0] > 0 and all(a < b for a, b in itertools.pairwise(seconds))
+        assert seconds[-1] <= metrics["train_seconds"] <= metrics["wall_time_s"]
+    # Time to accuracy: the target is the baseline's final accuracy (one seed), which
+    # the baseline reaches at its last evaluation at the latest.
+    rows = {row["variant"]: row for row in results["rows"]}
+    target = base["test_accuracy"]
+    assert all(row["target_accuracy"] == target for row in rows.values())
+    first = next(i for i, (_, a) in enumerate(by["baseline"]["curves"]["accuracy"]) if a >= target)
+    assert rows["baseline"]["reached"] == 1
+    assert (
+        rows["baseline"]["seconds_to_target"][0]
+        == (by["baseline"]["curves"]["accuracy_seconds"][first][0])
+    )
+    assert by["simigrad_estimated"]["metrics"]["optimizer_steps"] > 0
+    assert {row["variant"] for row in results["rows"] if row["average_batch_size"][0] > 16} >= {
+        "linear_16x",
+        "adascale_16x",
+    }
     table = (outdir / "results.md").read_text()
     assert "| simigrad_adascale | 1 |" in table
     assert "simigrad_adascale:" in table and "adascale_16x:" in table  # the verdicts
+    assert "goodput reaches the baseline's accuracy in" in table
     for png in ("accuracy.png", "adaptation.png"):
         assert (outdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The adaptation plot's x-axis and reference lines come from the runs: progress ends
@@ -148,3 +173,27 @@ def test_rolling_mean_is_centered_and_skips_nan() -> None:
     smoothed = efficiency._rolling_mean([1.0, 2.0, float("nan"), 4.0, 5.0], 3)
     # Windows: [1, 2], [1, 2, -], [2, -, 4], [-, 4, 5], [4, 5] (edges use what they have).
     np.testing.assert_allclose(smoothed, [1.5, 1.5, 3.0, 4.5, 4.5])
+
+
+def test_run_plan_rotates_the_variants_per_seed() -> None:
+    plan = efficiency.run_plan(["a", "b", "c"], [0, 1, 2])
+    assert plan[:3] == [("a", 0), ("b", 0), ("c", 0)]
+    assert plan[3:6] == [("b", 1), ("c", 1), ("a", 1)]
+    assert plan[6:] == [("c", 2), ("a", 2), ("b", 2)]
+
+
+def test_time_to_accuracy_is_the_first_evaluation_at_the_target() -> None:
+    run = {
+        "curves": {
+            "accuracy": [(10, 0.5), (20, 0.8), (30, 0.79), (40, 0.9)],
+            "accuracy_seconds": [(4.0, 0.5), (9.0, 0.8), (13.0, 0.79), (20.0, 0.9)],
+            "accuracy_examples": [(320, 0.5), (960, 0.8), (1600, 0.79), (2200, 0.9)],
+        }
+    }
+    assert efficiency.time_to_accuracy(run, 0.8) == {
+        "seconds": 9.0,
+        "steps": 20.0,
+        "examples": 960.0,
+    }
+    assert efficiency.time_to_accuracy(run, 0.85)["seconds"] == 20.0
+    assert efficiency.time_to_accuracy(run, 0.95) is None

@@ -213,10 +213,10 @@ def test_progress_budget_stops_fit_at_the_budget() -> None:
     assert history.history["progress"] == [12.0]
 
 
-def attached(replicas: int = 2):
+def attached(replicas: int = 2, metrics: list | None = None):
     strategy, model, optimizer = make(replicas)
     with strategy.scope():
-        model.compile(optimizer=optimizer, loss="mse")
+        model.compile(optimizer=optimizer, loss="mse", metrics=metrics)
     engine = tf_adabatch.attach(
         model, micro_batch_size=M, base_batch_size=replicas * M, policy=simigrad(replicas)
     )
@@ -266,9 +266,11 @@ class _Record(keras.callbacks.Callback):
         super().__init__()
         self.steps: list[tuple[float, float, float]] = []
         self.epochs = 0
+        self.epoch_logs: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         self.epochs += 1
+        self.epoch_logs.append({k: float(v) for k, v in logs.items() if k in ("loss", "mae")})
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         state = self.model._adabatch_engine.state  # the step counter is not in the logs
@@ -287,17 +289,19 @@ def test_backup_and_restore_resumes_fit_exactly(tmp_path) -> None:
     rerun with a new model (as after a restart); it must continue with the adapted batch
     size, gain, progress, moving averages and policy state, and end where an
     uninterrupted fit ends. Each epoch is one pass over the same finite data (Keras
-    restarts an epoch's data on resume), ending mid-step (that step is discarded)."""
+    restarts an epoch's data on resume), ending mid-step (that step is discarded). The
+    compiled loss and metric (epoch means) of the resumed epochs equal the
+    uninterrupted run's."""
     x, y = regression_data(600)
     data = global_micro_batches(x, y, 2 * M)  # finite: 75 global micro-batches per epoch
     epochs = 4
 
-    model, engine = attached()
+    model, engine = attached(metrics=["mae"])
     full = _Record()
     model.fit(data, epochs=epochs, verbose=0, callbacks=[full])
 
     backup = str(tmp_path / "backup")
-    first, _ = attached()
+    first, _ = attached(metrics=["mae"])
     part1 = _Record()
     with pytest.raises(KeyboardInterrupt):
         first.fit(
@@ -306,7 +310,7 @@ def test_backup_and_restore_resumes_fit_exactly(tmp_path) -> None:
             verbose=0,
             callbacks=[keras.callbacks.BackupAndRestore(backup), part1, _Interrupt()],
         )
-    second, second_engine = attached()
+    second, second_engine = attached(metrics=["mae"])
     part2 = _Record()
     second.fit(
         data, epochs=epochs, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup), part2]
@@ -315,6 +319,10 @@ def test_backup_and_restore_resumes_fit_exactly(tmp_path) -> None:
     assert len({b for _, b, _ in full.steps}) > 1  # the batch adapted
     assert part2.steps[0][0] == part1.steps[-1][0] + 1  # the step counter went on
     assert part1.steps + part2.steps == full.steps  # identical batch sizes and gains
+    assert len(full.epoch_logs) == epochs and part1.epoch_logs == full.epoch_logs[:2]
+    assert all(set(logs) == {"loss", "mae"} for logs in full.epoch_logs + part2.epoch_logs)
+    for resumed, uninterrupted in zip(part2.epoch_logs, full.epoch_logs[2:], strict=True):
+        assert resumed == pytest.approx(uninterrupted, rel=1e-6), (resumed, uninterrupted)
     assert_policy_state_is_not_trivial(engine)
     np.testing.assert_allclose(
         adaptive_values(second_engine), adaptive_values(engine), rtol=1e-6, atol=1e-9

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import re
@@ -442,6 +443,16 @@ def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -
     ]
     assert [int(line.split()[3]) for line in lines] == [step for step, _ in written]
     assert len(lines) >= 2
+    # Each evaluation also records the seconds spent training so far (evaluations
+    # excluded): one value per evaluation, increasing, within the run's totals.
+    seconds = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))[
+        summaries.TRAIN_SECONDS
+    ]
+    assert [step for step, _ in seconds] == [step for step, _ in written]
+    values = [value for _, value in seconds]
+    assert values[0] > 0 and all(a < b for a, b in itertools.pairwise(values))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert values[-1] <= metrics["train_seconds"] <= metrics["wall_time_s"]
 
 
 def test_multiworker_launcher_exits_4_when_a_worker_is_killed(tmp_path: Path) -> None:

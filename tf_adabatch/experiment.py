@@ -9,7 +9,8 @@ Workdir layout:
                         fingerprint.json: what a resume must not change
     tensorboard/train/  adabatch/*, loss every optimizer step
     tensorboard/eval/   loss, accuracy at each evaluation (same tags: TensorBoard
-                        overlays train and eval loss)
+                        overlays train and eval loss), and adabatch/train_seconds:
+                        seconds spent training so far, evaluations excluded
     metrics.json        written at the end
     worker-<i>/         multi-worker: the same files of each non-chief worker
 
@@ -726,9 +727,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         """Optimizer steps taken, skipped ones included: the x-axis of every summary."""
         return int(trainer.state.steps.numpy() + trainer.state.skipped_steps.numpy())
 
+    # Seconds spent training in this process, evaluations excluded (checkpoint saves
+    # included: a real run pays for them): the x-axis of time-to-accuracy.
+    clock = {"start": time.time(), "evaluating": 0.0}
+
+    def train_seconds() -> float:
+        return time.time() - clock["start"] - clock["evaluating"]
+
     def evaluate_now(*, mid_bar: bool = False) -> dict[str, float]:
         step = total_steps()
         if evaluated["step"] != step:  # at most once per step (the last one is also final)
+            began, trained = time.time(), train_seconds()
             result = trainer.evaluate(test, metrics=metrics_fns)
             values = ", ".join(f"{name} {value:.4f}" for name, value in sorted(result.items()))
             # During training the progress bar's line is unfinished: start a new one.
@@ -740,8 +749,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
             with eval_writer.as_default(step=step):
                 for name, value in result.items():
                     tf.summary.scalar(summaries.eval_tag(name), value)
+                tf.summary.scalar(summaries.TRAIN_SECONDS, trained)
             eval_writer.flush()
             evaluated.update(step=step, result=result)
+            clock["evaluating"] += time.time() - began
         return evaluated["result"]
 
     def evaluate(logs: dict[str, float]) -> None:
@@ -792,6 +803,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         "progress": trainer.progress,
         "base_steps": base_steps,
         "wall_time_s": time.time() - start,
+        "train_seconds": train_seconds(),
         "replicas": strategy.num_replicas_in_sync,
     }
     with open(os.path.join(outdir, "metrics.json"), "w", encoding="utf-8") as f:

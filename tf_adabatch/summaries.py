@@ -24,6 +24,7 @@ __all__ = [
     "POLICY_SCALARS",
     "TRAIN_LOSS",
     "TRAIN_RUN",
+    "TRAIN_SECONDS",
     "eval_tag",
     "layout",
     "policy_scalars",
@@ -57,6 +58,9 @@ POLICY_SCALARS = ("min_batch_size", "max_batch_size", "target_similarity")
 TRAIN_RUN = "train"
 EVAL_RUN = "eval"
 TRAIN_LOSS = "loss"
+# Written into the eval run at each evaluation by `experiment.run`: seconds spent
+# training so far in that process, evaluations excluded (time to accuracy).
+TRAIN_SECONDS = "adabatch/train_seconds"
 
 
 def eval_tag(metric: str) -> str:
