@@ -58,22 +58,60 @@ def accuracy_of_saved_weights(config: str, workdir: Path) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == np.asarray(y_test).ravel()))
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_every_config_runs_a_few_steps(config: str, tmp_path: Path) -> None:
-    dataset = importlib.import_module(f"configs.{config[: -len('.py')]}").get_config().dataset
-    if dataset == "fashion_mnist" and not Path("/usr/share/datasets/fashion-mnist").is_dir():
-        pytest.skip("needs Debian's dataset-fashion-mnist (no network here)")
-    result = launch(config, tmp_path, *FAST)
+def run_in_one_process(cases: dict[str, list[str]], folder: Path, timeout: int) -> dict[str, dict]:
+    """Runs `launch/train.py`'s own `parse_flags` and `main` on each case's argv in one
+    shared subprocess (tests/launch_cases.py): {case: {code, stdout, stderr}}."""
+    (folder / "cases.json").write_text(json.dumps(cases))
+    cmd = [sys.executable, str(ROOT / "tests" / "launch_cases.py"), str(folder / "cases.json")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    results = json.loads(result.stdout.splitlines()[-1])
+    assert sorted(results) == sorted(cases)
+    return results
+
+
+MAIN_CONFIG = "fashion_mnist.py"  # the README's main job
+
+
+@pytest.fixture(scope="module")
+def config_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Every shipped config, 3 steps each: the main job as its own process on 2 mirrored
+    replicas; the others in one shared process (one TensorFlow start-up and one data
+    load for all) on one device, since a second mirrored strategy in a process fails
+    (its collective ops clash with the first's). The mirrored path is also run by the
+    resume, evaluation and multi-worker tests below."""
+    root = tmp_path_factory.mktemp("configs")
+    cases = {
+        config: [
+            f"--config={ROOT / 'configs' / config}",
+            f"--workdir={root / config}",
+            *FAST,
+            "--config.strategy=one_device",
+        ]
+        for config in CONFIGS
+        if config != MAIN_CONFIG
+    }
+    results = run_in_one_process(cases, root, timeout=len(CONFIGS) * TIMEOUT_S)
+    main = launch(MAIN_CONFIG, root / MAIN_CONFIG, *FAST)
+    results[MAIN_CONFIG] = {"code": main.returncode, "stdout": main.stdout, "stderr": main.stderr}
+    return root, results
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_runs_a_few_steps(config: str, config_runs) -> None:
+    root, results = config_runs
+    workdir = root / config
+    assert results[config]["code"] == 0, results[config]["stderr"][-3000:]
+    metrics = json.loads((workdir / "metrics.json").read_text())
     assert metrics["optimizer_steps"] == 3
+    assert metrics["replicas"] == (2 if config == MAIN_CONFIG else 1)
     # The reported accuracy equals an independent evaluation of the saved weights: the
     # final checkpoint restored into a fresh model, predicted with plain Keras.
     assert metrics["test_accuracy"] == pytest.approx(
-        accuracy_of_saved_weights(config, tmp_path), abs=1e-6
+        accuracy_of_saved_weights(config, workdir), abs=1e-6
     )
-    assert (tmp_path / "tensorboard" / "train").is_dir() and (tmp_path / "checkpoints").is_dir()
-    assert "Final test accuracy" in result.stdout
+    assert (workdir / "tensorboard" / "train").is_dir() and (workdir / "checkpoints").is_dir()
+    assert "Final test accuracy" in results[config]["stdout"]
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
@@ -172,12 +210,7 @@ def refusals(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         cases[f"broken_{name}"] = [f"--config={root / f'{name}.py'}", f"--workdir={root / name}"]
     for name, (flag, _) in BAD_FLAGS.items():
         cases[f"flag_{name}"] = [f"--config={SYNTHETIC}", f"--workdir={root / name}", flag]
-    (root / "cases.json").write_text(json.dumps(cases))
-    cmd = [sys.executable, str(ROOT / "tests" / "launch_cases.py"), str(root / "cases.json")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(result.stdout.splitlines()[-1])
-    assert sorted(results) == sorted(cases)
+    results = run_in_one_process(cases, root, timeout=TIMEOUT_S)
     return root, results
 
 

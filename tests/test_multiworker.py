@@ -230,5 +230,6 @@ def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupte
         metrics = json.loads((worker_dir / "metrics.json").read_text())
         assert metrics == {
             **json.loads((tmp_path / "full" / "metrics.json").read_text()),
-            "wall_time_s": metrics["wall_time_s"],
+            "wall_time_s": metrics["wall_time_s"],  # timings differ run to run
+            "train_seconds": metrics["train_seconds"],
         }
