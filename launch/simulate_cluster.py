@@ -404,7 +404,11 @@ def read_run(
 class Result:
     """One strategy on N devices: seconds and steps to the final tau (None: infeasible).
 
-    >>> Result("static_b0", 4, None, None, reason="B0 < N x min_examples_per_device").feasible
+    `batches[t]` and `taus[t]` are the batch of simulated step t and the progress
+    after it; `raised_steps` counts steps that ran a larger batch than recorded
+    (replay only), `reason` says why a strategy is infeasible.
+
+    >>> Result("static_b0", 4, None, None, reason="B0 = 16 < 32").feasible
     False
     """
 
@@ -415,6 +419,7 @@ class Result:
     raised_steps: int = 0
     mean_batch: float | None = None
     batches: list[int] = field(default_factory=list, repr=False)
+    taus: list[float] = field(default_factory=list, repr=False)
     reason: str = ""
 
     @property
@@ -422,24 +427,26 @@ class Result:
         return self.seconds is not None
 
 
-def _adaptive(run: Run, table: np.ndarray, choose: Any) -> list[tuple[int, int]]:
-    """Steps until tau reaches the final tau, as (logged step i, column j) pairs.
+def _adaptive(run: Run, table: np.ndarray, choose: Any) -> tuple[list[int], list[int], list[float]]:
+    """Steps until tau reaches the final tau: (logged step i, column j, tau after) each.
 
     Each step reads the moments of the logged step at the current tau (`Run.index`),
     `choose(i)` picks a column of `table` (gains, [steps, columns]) and tau += that gain.
     """
-    tau, path = 0.0, []
+    tau, rows, cols, taus = 0.0, [], [], []
     limit = 100 * (math.ceil(run.final_tau) + 1)
-    while tau < run.final_tau * (1 - 1e-9):
+    while tau < run.final_tau * (1 - 1e-6):
         i = run.index(tau)
         j = choose(i)
         tau += float(table[i, j])
-        path.append((i, j))
-        if len(path) > limit:  # gains below 1 (batches under B0) could stall
+        rows.append(i)
+        cols.append(j)
+        taus.append(tau)
+        if len(taus) > limit:  # gains below 1 (batches under B0) could stall
             raise SimulationError(
                 f"The simulation did not reach the final tau {run.final_tau} in {limit} steps"
             )
-    return path
+    return rows, cols, taus
 
 
 def simulate(run: Run, profile: Any, devices: int) -> dict[str, Result]:
@@ -456,53 +463,59 @@ def simulate(run: Run, profile: Any, devices: int) -> dict[str, Result]:
     """
     b0, n = run.base_batch_size, devices
     smallest = min_batch(profile, n)
+    big = 16 * b0
     out: dict[str, Result] = {}
 
-    def result(name: str, batches: Sequence[int], raised: int = 0) -> Result:
+    def result(name: str, batches: Sequence[int], taus: Sequence[float], raised: int = 0) -> Result:
         values, counts = np.unique(np.asarray(batches), return_counts=True)
         seconds = float(np.sum(counts * step_seconds(profile, n, values, run.gradient_bytes)))
-        return Result(
-            name, n, seconds, len(batches), raised, float(np.mean(batches)), list(batches)
-        )
+        mean = float(np.mean(batches))
+        return Result(name, n, seconds, len(batches), raised, mean, list(batches), list(taus))
+
+    def infeasible(name: str, reason: str) -> Result:
+        return Result(name, n, None, None, reason=reason)
 
     # Static B0: tau += 1 per step.
     if b0 < smallest:
-        out["static_b0"] = Result("static_b0", n, None, None, reason=f"B0 = {b0} < {smallest}")
+        out["static_b0"] = infeasible("static_b0", f"B0 = {b0} < N x min_examples = {smallest}")
     else:
-        out["static_b0"] = result("static_b0", [b0] * math.ceil(run.final_tau * (1 - 1e-9)))
-    # Static 16 B0 with AdaScale: tau += r(16 B0).
-    big = 16 * b0
+        steps = math.ceil(run.final_tau * (1 - 1e-6))
+        out["static_b0"] = result(
+            "static_b0", [b0] * steps, [float(t) for t in range(1, steps + 1)]
+        )
+    # Static 16 B0 with AdaScale: tau += r(16 B0) at the moments of the current tau.
+    too_small = f"16 B0 = {big} < N x min_examples = {smallest}"
     if big < smallest:
-        reason = f"16 B0 = {big} < {smallest}"
-        out["adascale_16x"] = Result("adascale_16x", n, None, None, reason=reason)
+        out["adascale_16x"] = infeasible("adascale_16x", too_small)
     else:
-        path = _adaptive(run, gains(run, [big]), lambda i: 0)
-        out["adascale_16x"] = result("adascale_16x", [big] * len(path))
+        _, _, taus = _adaptive(run, gains(run, [big]), lambda i: 0)
+        out["adascale_16x"] = result("adascale_16x", [big] * len(taus), taus)
     # Replay: the batch the run chose at this tau, raised to the smallest reachable one
     # (infeasible if even that exceeds 16 B0, the top of every adaptive range here).
     if big < smallest:
-        reason = f"16 B0 = {big} < {smallest}"
-        out["simigrad_replay"] = Result("simigrad_replay", n, None, None, reason=reason)
+        out["simigrad_replay"] = infeasible("simigrad_replay", too_small)
     else:
         recorded = np.rint(run.batch).astype(np.int64)
         replayed = np.maximum(recorded, smallest)
         values, inverse = np.unique(replayed, return_inverse=True)
         table = np.take_along_axis(gains(run, values), inverse.reshape(-1, 1), axis=1)
-        steps = [i for i, _ in _adaptive(run, table, lambda i: 0)]
-        raised = int(np.sum(recorded[steps] < smallest))
-        replay = [int(b) for b in replayed[steps]]
-        out["simigrad_replay"] = result("simigrad_replay", replay, raised)
+        rows, _, taus = _adaptive(run, table, lambda i: 0)
+        raised = int(np.sum(recorded[rows] < smallest))
+        replay = [int(b) for b in replayed[rows]]
+        out["simigrad_replay"] = result("simigrad_replay", replay, taus, raised)
     # Goodput: the reachable B in [B0, 16 B0] (multiples of N) maximising r(B) / T(N, B).
     candidates = np.arange(math.ceil(max(b0, smallest) / n) * n, big + 1, n)
     if not len(candidates):
-        reason = f"no multiple of {n} in [max(B0, {smallest}), 16 B0 = {big}]"
-        out["goodput"] = Result("goodput", n, None, None, reason=reason)
+        reason = (
+            f"no multiple of N = {n} in [max(B0, N x min_examples = {smallest}), 16 B0 = {big}]"
+        )
+        out["goodput"] = infeasible("goodput", reason)
     else:
         table = gains(run, candidates)
         rate = table / step_seconds(profile, n, candidates, run.gradient_bytes)[None, :]
         best = np.argmax(rate, axis=1)
-        path = _adaptive(run, table, lambda i: int(best[i]))
-        out["goodput"] = result("goodput", [int(candidates[j]) for _, j in path])
+        _, cols, taus = _adaptive(run, table, lambda i: int(best[i]))
+        out["goodput"] = result("goodput", [int(candidates[j]) for j in cols], taus)
     return out
 
 
