@@ -291,7 +291,20 @@ def test_shipped_profiles_load_and_state_their_assumptions() -> None:
     for name in ("ethernet_64gpu.py", "nvlink_8gpu.py"):
         doc = (ROOT / "configs" / "profiles" / name).read_text()
         assert "ASSUMED" in doc and "not" in doc and "measured" in doc
-    assert sc.load_profile(str(ROOT / "configs/profiles/this_machine.py")).parallel_devices == 2
+
+
+def test_this_machine_profile_is_the_fit_of_the_saved_measurement() -> None:
+    saved = json.loads((ROOT / "docs/benchmarks/cluster_measure.json").read_text())
+    report, _ = sc.validate_model(saved, cores=2, bandwidth=saved["bandwidth"])
+    assert len(report["rows"]) == 12  # 1, 2, 4 replicas x 4 values of k
+    mine = sc.load_profile(str(ROOT / "configs/profiles/this_machine.py"))
+    assert mine.parallel_devices == report["parallel_devices"]
+    assert mine.bandwidth_bytes_per_second == saved["bandwidth"]
+    checked = 0
+    for name, value in report["fit"].items():
+        assert mine[name] == pytest.approx(value, rel=5e-3, abs=1e-9), name
+        checked += 1
+    assert checked == 3
 
 
 def test_fingerprint_formats_give_the_parameter_count(tmp_path: Path) -> None:
