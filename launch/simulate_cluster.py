@@ -624,7 +624,7 @@ def format_table(projection: dict[str, Any], name: str) -> str:
             cells.append(text)
         devices = f"{row['devices']}" + (" (extrapolated)" if row["extrapolated"] else "")
         lines.append(f"| {devices} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, *sorted(notes)])
+    return "\n".join([*lines, *([""] if notes else []), *sorted(notes)])
 
 
 def plot(projection: dict[str, Any], path: str) -> None:
