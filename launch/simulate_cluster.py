@@ -68,7 +68,7 @@ sys.path.insert(0, ROOT)
 
 STRATEGIES = ("static_b0", "adascale_16x", "simigrad_replay", "goodput")
 BYTES_PER_PARAMETER = 4  # float32 gradients
-# Profile fields: name -> (type, rule, check).
+# Profile fields: name -> (rule, check).
 _PROFILE_RULES: dict[str, tuple[str, Any]] = {
     "seconds_per_example": ("a number > 0", lambda v: _is_number(v) and v > 0),
     "fixed_seconds": ("a number >= 0", lambda v: _is_number(v) and v >= 0),
@@ -169,11 +169,17 @@ def load_profile(path: str) -> Any:
         raise SimulationError(
             f"Flag `--profile` must name a profile file. Received: --profile={path}"
         )
-    spec = importlib.util.spec_from_file_location(f"_profile_{abs(hash(path))}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    profile = module.get_config()
+    try:
+        spec = importlib.util.spec_from_file_location(f"_profile_{abs(hash(path))}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        profile = module.get_config()
+    except Exception as err:  # a profile is user code: report any failure in one line
+        raise SimulationError(
+            f"Flag `--profile` must name a config file whose get_config() returns the "
+            f"profile. Received: --profile={path} ({type(err).__name__}: {err})"
+        ) from err
     check_profile(profile, path)
     return profile
 
@@ -199,9 +205,9 @@ def allreduce_seconds(profile: Any, devices: int, gradient_bytes: float) -> floa
     n = devices
     if n <= 1:
         return 0.0
-    return 2.0 * (n - 1) / n * gradient_bytes / float(profile.bandwidth_bytes_per_second) + 2.0 * (
-        n - 1
-    ) * float(profile.latency_seconds)
+    transfer = 2.0 * (n - 1) / n * gradient_bytes / float(profile.bandwidth_bytes_per_second)
+    hops = 2.0 * (n - 1) * float(profile.latency_seconds)
+    return transfer + hops
 
 
 def step_seconds(profile: Any, devices: int, batch: Any, gradient_bytes: float) -> Any:
@@ -388,7 +394,11 @@ def read_run(
         source=workdir,
     )
     # The logged gain is adascale_gain at the logged moments and batch: B0 must agree.
-    recomputed = np.array([gains(run, [b])[i, 0] for i, b in enumerate(run.batch)])
+    from tf_adabatch.stats import adascale_gain
+
+    recomputed = np.asarray(
+        adascale_gain(run.grad_sqr, run.trace_sigma, run.batch, float(run.base_batch_size))
+    )
     ok = np.isfinite(run.gain) & np.isfinite(run.grad_sqr) & np.isfinite(run.trace_sigma)
     error = float(np.median(np.abs(recomputed[ok] / run.gain[ok] - 1.0))) if ok.any() else 0.0
     if error > 1e-3:
