@@ -31,15 +31,21 @@ the smallest reachable batch and counts them (marked "*").
 Writes `<out>.json` (every number), `<out>.md` (the tables) and `<out>.png` (time to the
 final tau against N, log-log, one panel per profile).
 
-Validation of the step-time model on this machine (about two minutes; one subprocess
+(docs/cluster_projection.md projects the digits run priced as the Fashion-MNIST CNN:
+add `--num_parameters=225034`.)
+
+Validation of the step-time model on this machine (about three minutes; one subprocess
 per replica count):
 
-    python launch/simulate_cluster.py --measure --out=/tmp/cluster_measure
+    python launch/simulate_cluster.py --measure --out=docs/benchmarks/cluster_measure
+    python launch/simulate_cluster.py --measure --measured=docs/benchmarks/cluster_measure.json
 
 times the real engine (Fashion-MNIST CNN on random inputs, 1, 2 and 4 logical CPU
-replicas, several micro-step counts k), fits fixed_seconds, seconds_per_example and the
-per-hop latency of this machine's profile, and prints the model's error against every
-measured step time (and, held out, the 4-replica times predicted from a fit on 1 and 2).
+replicas, k = 1, 2, 4, 8 micro-steps), fits fixed_seconds, seconds_per_example, the
+per-hop latency and parallel_devices (1 or the cores) of this machine's profile, and
+prints the model's error against every measured step time (and, held out, the
+4-replica times predicted from a fit on 1 and 2). The second command refits from the
+saved timings without timing again.
 
 Exit codes: 0 done; 2 a bad flag, profile or run (one line on stderr).
 """
