@@ -46,6 +46,9 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
         "--base_epochs=0.5",
         "--eval_every_base_epochs=0.25",
         "--scale=4",
+        # simigrad_sqrt and simigrad_estimated differ from simigrad_adascale only in
+        # config fields (lr.rule, similarity) run by other tests: left out for time.
+        "--variants=baseline,linear_16x,adascale_16x,simigrad_adascale,goodput",
     ]
     result = script("benchmark_efficiency.py", *flags)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -55,8 +58,6 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
         "linear_16x",
         "adascale_16x",
         "simigrad_adascale",
-        "simigrad_sqrt",
-        "simigrad_estimated",
         "goodput",
     ]
     # digits: 1,497 training images, B0 = 16: the budget is ceil(0.5 * 1497 / 16) = 47
@@ -92,7 +93,6 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
         rows["baseline"]["seconds_to_target"][0]
         == (by["baseline"]["curves"]["accuracy_seconds"][first][0])
     )
-    assert by["simigrad_estimated"]["metrics"]["optimizer_steps"] > 0
     assert {row["variant"] for row in results["rows"] if row["average_batch_size"][0] > 16} >= {
         "linear_16x",
         "adascale_16x",
@@ -108,12 +108,9 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     # and bounds ([B0, scale B0] = [16, 64]) were written by training.
     for run in results["runs"]:
         assert run["curves"]["progress"][-1][1] >= 47
-    for variant in ("simigrad_adascale", "simigrad_sqrt"):
-        assert by[variant]["references"] == {
-            "target_similarity": 0.5,
-            "min_batch_size": 16,
-            "max_batch_size": 64,
-        }
+    bounds = {"min_batch_size": 16, "max_batch_size": 64}
+    assert by["simigrad_adascale"]["references"] == {"target_similarity": 0.5, **bounds}
+    assert by["goodput"]["references"] == bounds  # bounds, no similarity target
     assert by["baseline"]["references"] == {}  # a static policy has no bounds
     # A second call reuses the finished runs instead of training again.
     again = script("benchmark_efficiency.py", *flags)
