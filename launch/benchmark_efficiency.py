@@ -284,6 +284,68 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
     return rows, verdicts
 
 
+def batch_by_tenth(run: dict[str, Any]) -> list[float]:
+    """The run's average global batch in each tenth of its progress budget (tau).
+
+    A step belongs to the tenth its progress reached *before* it started.
+
+    >>> run = {"curves": {"batch_size": [(1, 10.0), (2, 10.0), (3, 30.0), (4, 50.0)],
+    ...                   "progress": [(1, 1.0), (2, 2.0), (3, 5.0), (4, 10.0)]},
+    ...        "metrics": {"base_steps": 10}}
+    >>> batch_by_tenth(run)[:5]
+    [10.0, 10.0, 30.0, nan, nan]
+    """
+    budget = float(run["metrics"]["base_steps"])
+    sums, counts = [0.0] * 10, [0] * 10
+    before = 0.0
+    for (_, batch), (_, after) in zip(
+        run["curves"]["batch_size"], run["curves"]["progress"], strict=True
+    ):
+        tenth = min(9, int(10 * before / budget))
+        sums[tenth] += batch
+        counts[tenth] += 1
+        before = after
+    return [s / c if c else math.nan for s, c in zip(sums, counts, strict=True)]
+
+
+def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
+    """Exact against estimated similarity (simigrad_adascale vs simigrad_estimated):
+    optimizer steps and the average batch in each tenth of the run, means over seeds;
+    the target is every ratio within 10%."""
+    exact = [r for r in runs if r["variant"] == "simigrad_adascale"]
+    estimated = [r for r in runs if r["variant"] == "simigrad_estimated"]
+    if not exact or not estimated:
+        return []
+
+    def mean_tenths(mine: list[dict[str, Any]]) -> list[float]:
+        return [statistics.fmean(col) for col in zip(*map(batch_by_tenth, mine), strict=True)]
+
+    steps = [
+        statistics.fmean(r["metrics"]["optimizer_steps"] for r in m) for m in (exact, estimated)
+    ]
+    a, b = mean_tenths(exact), mean_tenths(estimated)
+    ratios = [steps[1] / steps[0]] + [y / x for x, y in zip(a, b, strict=True)]
+    # A tenth without steps in both modes (a huge batch) compares nothing; in one only,
+    # its ratio is NaN and fails.
+    both_empty = [False] + [math.isnan(x) and math.isnan(y) for x, y in zip(a, b, strict=True)]
+    compared = [r for r, skip in zip(ratios, both_empty, strict=True) if not skip]
+    ok = all(abs(r - 1.0) <= 0.10 for r in compared)
+    return [
+        "",
+        f"Exact against estimated similarity ({len(exact)} and {len(estimated)} seeds; "
+        "means over seeds; average global batch in each tenth of the progress budget):",
+        "",
+        "| | optimizer steps | " + " | ".join(f"tenth {i + 1}" for i in range(10)) + " |",
+        "|---" * 12 + "|",
+        f"| exact | {steps[0]:.0f} | " + " | ".join(f"{v:.0f}" for v in a) + " |",
+        f"| estimated | {steps[1]:.0f} | " + " | ".join(f"{v:.0f}" for v in b) + " |",
+        "| estimated / exact | " + " | ".join(f"{r:.3f}" for r in ratios) + " |",
+        "",
+        f"- {'MET' if ok else 'NOT MET'}: every ratio within 10% ({len(compared)} compared, "
+        f"largest deviation {max(abs(r - 1.0) for r in compared):.1%})",
+    ]
+
+
 def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:
     lines = [
         "| variant | runs | test accuracy (%) | optimizer steps | examples | average batch "
@@ -556,7 +618,7 @@ def main(argv: list[str]) -> None:
         )
     rows, verdicts = summarize(runs)
     (outdir / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    table = markdown(rows, verdicts)
+    table = markdown(rows, verdicts) + "\n".join(similarity_modes(runs)) + "\n"
     (outdir / "results.md").write_text(table)
     paths = plot(runs, outdir)
     print(table)

@@ -194,3 +194,31 @@ def test_time_to_accuracy_is_the_first_evaluation_at_the_target() -> None:
     }
     assert efficiency.time_to_accuracy(run, 0.85)["seconds"] == 20.0
     assert efficiency.time_to_accuracy(run, 0.95) is None
+
+
+def test_batch_by_tenth_and_the_similarity_modes_table() -> None:
+    # Budget 10 base steps; progress before each step: 0, 1, 2, 5 -> tenths 0, 1, 2, 5.
+    run = {
+        "variant": "simigrad_adascale",
+        "curves": {
+            "batch_size": [(1, 10.0), (2, 20.0), (3, 30.0), (4, 50.0)],
+            "progress": [(1, 1.0), (2, 2.0), (3, 5.0), (4, 10.0)],
+        },
+        "metrics": {"base_steps": 10, "optimizer_steps": 4},
+    }
+    tenths = efficiency.batch_by_tenth(run)
+    assert tenths[:3] == [10.0, 20.0, 30.0] and tenths[5] == 50.0
+    assert sum(np.isnan(tenths)) == 6
+    # The same run as "estimated" but every batch 5% larger: within 10%, MET; 20%: NOT.
+    for factor, verdict in ((1.05, "- MET"), (1.2, "- NOT MET")):
+        other = {
+            **run,
+            "variant": "simigrad_estimated",
+            "curves": {
+                **run["curves"],
+                "batch_size": [(s, b * factor) for s, b in run["curves"]["batch_size"]],
+            },
+        }
+        lines = efficiency.similarity_modes([run, other])
+        assert lines[-1].startswith(verdict), lines[-1]
+        assert "(5 compared," in lines[-1]  # steps and the four tenths with steps
