@@ -199,3 +199,35 @@ def test_a_model_that_does_not_fit_the_data_is_a_config_error(tmp_path: Path) ->
         match=r"Config fields `model`, `dataset`: model 'cnn' cannot take dataset 'synthetic' inputs of shape \(8, 8, 1\)",
     ):
         experiment.run(config(model="cnn"), str(tmp_path), verbose=0)
+
+
+def test_a_resume_on_another_batch_unit_keeps_the_global_batch(tmp_path: Path, capsys) -> None:
+    """Replicas x micro-batch changes between runs (16 -> 32; this process cannot change
+    its logical devices, so the micro-batch changes: the same unit, the same code path).
+    Restored as is, k would double the batch; it must stay the saved k x 16, or the
+    nearest multiple of 32 within SimiGrad's bounds, [64, 256] on resuming (one replica
+    in exact mode needs two micro-steps: at least 2 x 32)."""
+    from tf_adabatch import summaries
+
+    adapting = {"policy.target_similarity": 0.3}  # the batch grows in the first steps
+    experiment.run(config(**adapting, **{"train.max_steps": 4}), str(tmp_path), verbose=0)
+    reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
+    keys = reader.get_variable_to_shape_map()
+
+    def saved(name: str) -> int:
+        (key,) = [k for k in keys if k.startswith(f"adabatch/{name}/")]
+        return int(reader.get_tensor(key))
+
+    assert saved("batch_unit") == 16
+    batch = saved("accumulation_steps") * 16
+    expected = min(max(round(batch / 32) * 32, 64), 256)
+    bounds = {"policy.min_batch_size": 64, "policy.initial_batch_size": 64}
+    resumed = config(**adapting, **bounds, **{"train.max_steps": 5, "micro_batch_size": 32})
+    capsys.readouterr()
+    experiment.run(resumed, str(tmp_path), verbose=1)
+    out = capsys.readouterr().out
+    assert "(replicas x micro-batch; it was 16)" in out and f"global batch {batch}" in out
+    logged = dict(
+        summaries.read_scalars(str(tmp_path / "tensorboard" / "train"))["adabatch/batch_size"]
+    )
+    assert logged[5] == expected, (batch, logged)

@@ -213,12 +213,15 @@ def test_progress_budget_stops_fit_at_the_budget() -> None:
     assert history.history["progress"] == [12.0]
 
 
-def attached(replicas: int = 2, metrics: list | None = None):
+def attached(replicas: int = 2, metrics: list | None = None, policy_replicas: int | None = None):
+    """A model compiled and attached on `replicas`, with SimiGrad bounded for
+    `policy_replicas` (default the same) replicas x M."""
     strategy, model, optimizer = make(replicas)
     with strategy.scope():
         model.compile(optimizer=optimizer, loss="mse", metrics=metrics)
+    bounds_for = policy_replicas or replicas
     engine = tf_adabatch.attach(
-        model, micro_batch_size=M, base_batch_size=replicas * M, policy=simigrad(replicas)
+        model, micro_batch_size=M, base_batch_size=bounds_for * M, policy=simigrad(bounds_for)
     )
     return model, engine
 
@@ -259,6 +262,16 @@ def test_keras_weights_files_carry_the_adaptive_state(tmp_path) -> None:
     plain.load_weights(path)
     for a, b in zip(weights(plain), weights(model), strict=True):
         np.testing.assert_array_equal(a, b)
+
+    # Loaded on ONE replica: k x (1 x M) must give the batch saved as k' x (2 x M), so k
+    # doubles (the batch is a multiple of 2 M, so reachable; same bounds and B0).
+    single, single_engine = attached(1, policy_replicas=2)
+    with pytest.warns(UserWarning, match=f"global batch {engine.batch_size} kept") as caught:
+        single.load_weights(path)
+    assert len(caught) == 1
+    assert single_engine.batch_size == engine.batch_size
+    assert single_engine.accumulation_steps == 2 * engine.accumulation_steps
+    assert float(single_engine.state.progress.numpy()) == float(engine.state.progress.numpy())
 
 
 class _Record(keras.callbacks.Callback):

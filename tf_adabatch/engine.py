@@ -427,7 +427,9 @@ class AdaptiveEngine:
         self._two_slots = similarity == "exact" and self.num_replicas % 2 == 1
         self._differenced = similarity == "estimated" and self.num_replicas == 1
         with self.strategy.scope():
-            self.state = AdaptiveState(accumulation_steps=k0)
+            self.state = AdaptiveState(
+                accumulation_steps=k0, batch_unit=self.num_replicas * micro_batch_size
+            )
             if not optimizer.built:
                 optimizer.build(self._variables)
             self._acc = [self._zeros_like(v, "acc") for v in self._variables]
@@ -515,6 +517,52 @@ class AdaptiveEngine:
         return S.NoiseMoments(
             S.debias(state.grad_sqr_biased, state.ema_weight),
             S.debias(state.trace_sigma_biased, state.ema_weight),
+        )
+
+    def carry_batch_over(self) -> str | None:
+        """After restoring a state written on another topology: keeps its global batch.
+
+        The state stores k and the replicas x micro-batch (the batch unit) of the engine
+        that wrote it. Restored as is on another number of replicas (or another
+        micro-batch size), k would give another global batch: 4 -> 2 replicas would
+        halve it. This sets k so that the global batch stays the saved one, or the
+        nearest reachable one (a multiple of this engine's unit, within the policy's
+        bounds); the differenced estimator's previous gradient (one replica, estimated
+        similarity) is not carried over. Progress, moving averages, the policy's state
+        and the samples seen are unchanged. Host code; `experiment.run` and Keras's
+        loading under `attach` call it after a restore.
+
+        Returns:
+          None if the topology is unchanged, else one line saying what happened.
+
+        Example (a state written with 4 replicas x 32 and k = 2: batch 256; resumed
+        on one device x 32, k becomes 8):
+
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                         micro_batch_size=32, policy=StaticPolicy(64))
+        >>> _ = engine.state.batch_unit.assign(128); _ = engine.state.accumulation_steps.assign(2)
+        >>> engine.carry_batch_over()
+        'Resumed on a batch unit of 32 (replicas x micro-batch; it was 128): global batch 256 kept (k = 8).'
+        """
+        saved = int(self.state.batch_unit.numpy())
+        unit = self.num_replicas * self.micro_batch_size
+        if saved in (0, unit):
+            self.state.batch_unit.assign(unit)
+            return None
+        batch = int(self.state.accumulation_steps.numpy()) * saved
+        low = max(self._min_k, -(-int(getattr(self.policy, "min_batch_size", 0)) // unit))
+        high = max(low, int(getattr(self.policy, "max_batch_size", 0)) // unit or 2**62)
+        k = min(max(round(batch / unit), low), high)
+        self.state.accumulation_steps.assign(k)
+        self.state.prev_batch_size.assign(0.0)  # the previous gradient is not comparable
+        self.state.batch_unit.assign(unit)
+        head = f"Resumed on a batch unit of {unit} (replicas x micro-batch; it was {saved}): "
+        if k * unit == batch:
+            return head + f"global batch {batch} kept (k = {k})."
+        return head + (
+            f"global batch {batch} is not reachable; continuing with {k * unit}, the nearest "
+            "reachable one within the policy's bounds."
         )
 
     def set_batch_size(self, batch_size: int) -> None:

@@ -701,6 +701,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         log(
             f"Resumed from {latest}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
         )
+        moved = trainer.engine.carry_batch_over()  # another replica count or micro-batch
+        if moved:
+            log(moved)
     if chief:  # before the first save: each checkpoint is written with it in place
         os.makedirs(chief_dir, exist_ok=True)
         _write_json_atomically(os.path.join(chief_dir, FINGERPRINT), fingerprint)

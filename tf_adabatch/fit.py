@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any
 
 import keras
@@ -341,6 +342,7 @@ class _AdaptiveStateSaveable(KerasSaveable):
 
     def __init__(self, engine: AdaptiveEngine) -> None:
         self.name = "adabatch_state"
+        self._engine = engine
         self._get_variables = lambda: {
             **{f"state.{_key(v)}": v for v in engine.state.variables},
             **{f"policy.{_key(v)}": v for v in engine.policy.variables},
@@ -365,14 +367,23 @@ class _AdaptiveStateSaveable(KerasSaveable):
         if not saved:
             return  # a file saved without the adaptive state
         variables = self._get_variables()
-        if saved != set(variables):
+        # The differenced estimator's previous gradient ("carried", one replica with
+        # estimated similarity) exists on one side only after a change of replicas; it
+        # is not carried over then (`carry_batch_over` restarts the estimator).
+        required = {k for k in variables if not k.startswith("carried.")}
+        known = {k for k in saved if not k.startswith("carried.")}
+        if known != required:
             raise ValueError(
                 "The saved adaptive state does not fit this engine and policy: missing "
-                f"{sorted(set(variables) - saved)}, unexpected {sorted(saved - set(variables))}. "
-                "Load it with the same policy type and replica setup it was saved with."
+                f"{sorted(required - known)}, unexpected {sorted(known - required)}. "
+                "Load it with the same policy type it was saved with."
             )
         for key, variable in variables.items():
-            variable.assign(store[key])
+            if key in saved:
+                variable.assign(store[key])
+        moved = self._engine.carry_batch_over()  # saved with another replica count
+        if moved:
+            warnings.warn(moved, stacklevel=2)
 
 
 class _OptimizerStepBar(keras.callbacks.ProgbarLogger):

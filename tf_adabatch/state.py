@@ -38,6 +38,9 @@ class AdaptiveState(tf.Module):
         of |G|^2 and per-example tr(Sigma) (float64).
       prev_batch_size: batch of the previous step's gradient, used by the differenced
         estimator (0 while there is none).
+      batch_unit: replicas x micro-batch of the engine that last wrote the state, so
+        that a resume on another topology keeps the global batch k x batch_unit
+        (`AdaptiveEngine.carry_batch_over`; int64, 0 if unknown).
 
     Example:
 
@@ -46,7 +49,9 @@ class AdaptiveState(tf.Module):
     (2, 1.0)
     """
 
-    def __init__(self, accumulation_steps: int = 1, name: str = "adabatch_state") -> None:
+    def __init__(
+        self, accumulation_steps: int = 1, batch_unit: int = 0, name: str = "adabatch_state"
+    ) -> None:
         super().__init__(name=name)
         with self.name_scope:
             self.accumulation_steps = _scalar("accumulation_steps", accumulation_steps, tf.int64)
@@ -61,3 +66,4 @@ class AdaptiveState(tf.Module):
             self.trace_sigma_biased = _scalar("trace_sigma_biased", 0.0, tf.float64)
             self.ema_weight = _scalar("ema_weight", 0.0, tf.float64)
             self.prev_batch_size = _scalar("prev_batch_size", 0.0, tf.float64)
+            self.batch_unit = _scalar("batch_unit", batch_unit, tf.int64)
