@@ -40,6 +40,22 @@ from tf_adabatch.state import AdaptiveState
 __all__ = ["SIMILARITY_MODES", "AdaptiveEngine", "NonFiniteGradientsError"]
 
 SIMILARITY_MODES = ("exact", "estimated")
+# The step function's progress increment, popped from its logs by `train_step` (it
+# gives progress_per_second without reading the progress variable before the step).
+_PROGRESS_INCREMENT = "_progress_increment"
+# Name scopes of the parts of one optimizer step, so that a profile (TensorBoard's trace
+# viewer, launch/profile_step.py) attributes every op to its part. They cost nothing at
+# run time.
+_SCOPES = {
+    "micro": "adabatch_micro_step",
+    "accumulate": "adabatch_accumulate",
+    "grad_allreduce": "adabatch_grad_allreduce",
+    "scalar_allreduce": "adabatch_scalar_allreduce",
+    "statistics": "adabatch_statistics",
+    "apply": "adabatch_apply",
+    "rollback": "adabatch_rollback",
+    "policy": "adabatch_policy",
+}
 _F64 = tf.float64
 _ON_READ = {
     "synchronization": tf.VariableSynchronization.ON_READ,
@@ -550,13 +566,15 @@ class AdaptiveEngine:
             # they do not count in the finiteness check.
             metrics = [v for m in getattr(self.model, "metrics", []) for v in m.variables]
             self._rollback.add_local(metrics, check_finite=False)
-        progress_before = float(self.state.progress.numpy())
         traces = self.trace_count
         start = time.perf_counter()
         logs = self._step_fn(iterator)
-        consecutive_skips = int(self.state.consecutive_skips.numpy())  # waits for the step
+        # The step's outputs are ready when the call returns (the step ran to its end):
+        # reading them is the only host round trip of a step.
+        consecutive_skips = int(logs["consecutive_skips"])
         seconds = time.perf_counter() - start
-        logs.update(self._timing(logs, seconds, progress_before, traced=self.trace_count != traces))
+        increment = float(logs.pop(_PROGRESS_INCREMENT))
+        logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
         if limit is not None and consecutive_skips >= limit:
             raise NonFiniteGradientsError(
@@ -569,7 +587,7 @@ class AdaptiveEngine:
         return logs
 
     def _timing(
-        self, logs: dict[str, tf.Tensor], seconds: float, progress_before: float, *, traced: bool
+        self, logs: dict[str, tf.Tensor], seconds: float, progress: float, *, traced: bool
     ) -> dict[str, tf.Tensor]:
         """Host-side timing of the step just taken (NaN for a step that traced).
 
@@ -578,9 +596,8 @@ class AdaptiveEngine:
         """
         if traced:
             seconds = float("nan")
-        elif float(logs["applied"]) and isinstance(self.policy, GoodputPolicy):
+        elif isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):
             self.policy.throughput.observe(int(logs["accumulation_steps"]), seconds)
-        progress = float(logs["progress"]) - progress_before
         return {
             "step_time": tf.constant(seconds, _F64),
             "examples_per_second": tf.constant(float(logs["batch_size"]) / seconds, _F64),
@@ -611,12 +628,21 @@ class AdaptiveEngine:
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        tf.debugging.assert_equal(
-            tf.shape(tf.nest.flatten(x)[0])[0],
-            self.micro_batch_size,
-            message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
-            "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
-        )
+        with tf.name_scope(_SCOPES["micro"]):
+            tf.debugging.assert_equal(
+                tf.shape(tf.nest.flatten(x)[0])[0],
+                self.micro_batch_size,
+                message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
+                "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
+            )
+            grads, data_loss = self._forward_backward(x, y, sample_weight)
+        with tf.name_scope(_SCOPES["accumulate"]):
+            self._accumulate(grads, data_loss, micro_index)
+
+    def _forward_backward(
+        self, x: Any, y: Any, sample_weight: Any
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
@@ -636,6 +662,12 @@ class AdaptiveEngine:
         if self._loss_scaled:  # unscale now: overflow stays inf/NaN and skips the step
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
+        return grads, data_loss
+
+    def _accumulate(
+        self, grads: list[tf.Tensor], data_loss: tf.Tensor, micro_index: tf.Tensor
+    ) -> None:
+        """Adds one micro-step's gradients and scalars to this replica's accumulators."""
         # The first micro-step of an optimizer step overwrites the accumulators, so no
         # reset pass is needed (and a step cut short by the end of the data is simply
         # overwritten by the next one).
@@ -686,7 +718,8 @@ class AdaptiveEngine:
                 parts = [
                     tf.stack([a, a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype)]) for a in local
                 ]
-            stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
+            with tf.name_scope(_SCOPES["grad_allreduce"]):
+                stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
             total = [p[0] for p in stacked]
             diff = [p[1] for p in stacked]
             total_sq = S.sum_of_squares(total)
@@ -697,8 +730,10 @@ class AdaptiveEngine:
             out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0
             out["sq_b"] = (total_sq - 2.0 * cross + diff_sq) / 4.0
         else:
-            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
+            with tf.name_scope(_SCOPES["grad_allreduce"]):
+                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        with tf.name_scope(_SCOPES["scalar_allreduce"]):
+            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
         n = scalars[2]
         gbar = [t / tf.cast(n, t.dtype) for t in total]
         out["num_micro"] = n
@@ -746,13 +781,43 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
-        saved = self._rollback.save()
+        with tf.name_scope(_SCOPES["rollback"]):
+            saved = self._rollback.save()
         for i in tf.range(k):
             strategy.run(self._micro_fn, args=(next(iterator), i))
-        per_replica, gbar = strategy.run(self._reduce_fn)
-        step = {name: _local(strategy, v) for name, v in per_replica.items()}
-        finite, logs = self._update_statistics(step, k)
-        logs["learning_rate"] = tf.cast(self.optimizer.learning_rate, _F64)
+        with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
+            per_replica, gbar = strategy.run(self._reduce_fn)
+        with tf.name_scope(_SCOPES["statistics"]):
+            step = {name: _local(strategy, v) for name, v in per_replica.items()}
+            finite, logs = self._update_statistics(step, k)
+            # The rate this step applies (read before the optimizer counts the step).
+            learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
+        with tf.name_scope(_SCOPES["apply"]):
+            self._apply_or_skip(gbar, finite)
+        with tf.name_scope(_SCOPES["rollback"]):
+            # Applied only if the gradients were finite AND the update left every
+            # weight, slot and model statistic finite; otherwise roll the step back.
+            update_ok = self._rollback.all_finite()
+            applied = finite & update_ok
+            # Any skip: the forward passes' writes (BatchNormalization statistics...).
+            tf.cond(applied, lambda: None, self._rollback.restore_local)
+            # A finite gradient with a non-finite update: weights, slots and the state
+            # the statistics wrote. (On a non-finite gradient nothing was applied, and a
+            # loss-scale optimizer's lowered scale must stick.)
+            tf.cond(
+                finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
+            )
+        with tf.name_scope(_SCOPES["statistics"]):
+            # Read after a possible roll-back (which restores the state).
+            logs.update(self._logged_statistics())
+            logs["learning_rate"] = learning_rate
+        with tf.name_scope(_SCOPES["policy"]):
+            logs.update(self._advance(applied, k, logs))
+        return logs
+
+    def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
+        """Applies the mean gradient on every replica if `finite` (cross-replica context)."""
+        strategy = self.strategy
         self._bypass.active = True
         try:
             if self._loss_scaled:
@@ -763,21 +828,8 @@ class AdaptiveEngine:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-        # Applied only if the gradients were finite AND the update left every weight,
-        # slot and model statistic finite; otherwise roll the step back.
-        update_ok = self._rollback.all_finite()
-        applied = finite & update_ok
-        # Any skip: the forward passes' writes (BatchNormalization statistics...).
-        tf.cond(applied, lambda: None, self._rollback.restore_local)
-        # A finite gradient with a non-finite update: weights, slots and the state the
-        # statistics wrote. (On a non-finite gradient nothing was applied, and a
-        # loss-scale optimizer's lowered scale must stick.)
-        tf.cond(finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None)
-        logs.update(self._refreshed_statistics(logs))
-        logs.update(self._advance(applied, k, logs))
-        return logs
 
-    def _refreshed_statistics(self, logs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def _logged_statistics(self) -> dict[str, tf.Tensor]:
         """The logged statistics as the state holds them after a possible roll-back."""
         grad_sqr, trace = self.smoothed_moments()
         return {
@@ -840,11 +892,6 @@ class AdaptiveEngine:
             "loss": step["loss"],
             "batch_size": batch,
             "accumulation_steps": tf.cast(k, _F64),
-            "gain": state.gain.read_value(),
-            "similarity": state.similarity.read_value(),
-            "noise_scale": S.noise_scale(grad_sqr, trace),
-            "grad_sqr": grad_sqr,
-            "grad_var": trace / b0,
         }
         return finite, logs
 
@@ -863,7 +910,8 @@ class AdaptiveEngine:
         else:
             scale = tf.cast(batch, _F64) / float(self.base_batch_size)
             increment = self.lr_schedule.progress_increment(state.gain, scale)
-        state.progress.assign_add(tf.where(finite, increment, 0.0))
+        increment = tf.where(finite, tf.cast(increment, _F64), 0.0)
+        state.progress.assign_add(increment)
         state.steps.assign_add(applied)
         state.skipped_steps.assign_add(1 - applied)
         state.consecutive_skips.assign(
@@ -889,6 +937,7 @@ class AdaptiveEngine:
         new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
         state.accumulation_steps.assign(tf.where(finite, new_k, state.accumulation_steps))
         return {
+            _PROGRESS_INCREMENT: increment,
             "progress": state.progress.read_value(),
             "samples_seen": tf.cast(state.samples_seen, _F64),
             "skipped_steps": tf.cast(state.skipped_steps, _F64),
