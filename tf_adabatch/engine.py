@@ -7,7 +7,12 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
                                         squared norm to a float64 scalar
     reduce (replica context)           ONE gradient-sized all-reduce (in exact mode of
                                         the two groups' sums stacked, [A, B]), one
-                                        float64 scalar all-reduce; gbar = sum / n
+                                        float64 scalar all-reduce; gbar = sum / n. The
+                                        last micro-step runs in the same replica
+                                        function: its gradient joins the accumulators'
+                                        sum without being stored (with k = 1 the
+                                        accumulators are not touched at all; not in
+                                        exact mode with an odd N: two accumulators)
     statistics (cross-replica context) moments, moving averages, gain, similarity
     apply (cross-replica tf.cond)      the Keras optimizer applies gbar, with its own
                                         all-reduce bypassed; skipped if not finite
@@ -176,6 +181,11 @@ def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.
             var.assign_add(value)
 
     tf.cond(overwrite, assign, add)
+
+
+def _micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
+    """[|g|^2, loss, 1] of one micro-step, float64 (the accumulated scalars)."""
+    return tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
 
 
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
@@ -500,6 +510,11 @@ class AdaptiveEngine:
         self._micro_fn = wrap(self._micro_step)
         single = self.num_replicas == 1
         self._reduce_fn = wrap(self._reduce_step) if single else self._reduce_step
+        # The last micro-step is fused with the reduce (which XLA compiles only on a
+        # single replica: it holds the all-reduces); its forward and backward pass is
+        # compiled on its own.
+        self._gradients_fn = wrap(self._micro_gradients)
+        self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
         self._step_fn = tf.function(self._train_step)
 
@@ -627,6 +642,34 @@ class AdaptiveEngine:
         return tf.add_n([tf.cast(x, tf.float32) for x in extra])
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
+        grads, data_loss = self._micro_gradients(data)
+        with tf.name_scope(_SCOPES["accumulate"]):
+            self._accumulate(grads, data_loss, micro_index)
+
+    def _last_micro_step(
+        self, data: Any, micro_index: tf.Tensor
+    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+        """The step's last micro-step and the reduce, fused (one replica function).
+
+        The last micro-step's gradients and scalars go to the all-reduce added to the
+        accumulators' sums of the earlier micro-steps (none when it is the first),
+        without being written to the accumulators and read back.
+        """
+        grads, data_loss = self._gradients_fn(data)
+        with tf.name_scope(_SCOPES["accumulate"]):
+            scalars = _micro_scalars(grads, data_loss)
+
+            def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
+                local = [g + a.read_value() for g, a in zip(grads, self._acc, strict=True)]
+                return local, scalars + self._scalars.read_value()
+
+            local, local_scalars = tf.cond(
+                micro_index > 0, with_earlier, lambda: (list(grads), scalars)
+            )
+        return self._reduce_step(local, local_scalars)
+
+    def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.name_scope(_SCOPES["micro"]):
             tf.debugging.assert_equal(
@@ -635,9 +678,7 @@ class AdaptiveEngine:
                 message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
                 "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
             )
-            grads, data_loss = self._forward_backward(x, y, sample_weight)
-        with tf.name_scope(_SCOPES["accumulate"]):
-            self._accumulate(grads, data_loss, micro_index)
+            return self._forward_backward(x, y, sample_weight)
 
     def _forward_backward(
         self, x: Any, y: Any, sample_weight: Any
@@ -672,9 +713,7 @@ class AdaptiveEngine:
         # reset pass is needed (and a step cut short by the end of the data is simply
         # overwritten by the next one).
         first = micro_index == 0
-        scalars = tf.stack(
-            [S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)]
-        )
+        scalars = _micro_scalars(grads, data_loss)
         if self._two_slots:
             # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
             # first micro-step is i = 0 or i = 1.
@@ -691,9 +730,15 @@ class AdaptiveEngine:
             _set_or_add(self._acc, grads, first)
         _set_or_add([self._scalars], [scalars], first)
 
-    def _reduce_step(self) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+    def _reduce_step(
+        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
+    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+        """All-reduces this replica's sums (default: the accumulators')."""
         ctx = tf.distribute.get_replica_context()
-        local = [a.read_value() for a in self._acc]
+        if local is None:
+            local = [a.read_value() for a in self._acc]
+        if local_scalars is None:
+            local_scalars = self._scalars.read_value()
         out: dict[str, tf.Tensor] = {}
         total_sq = None
         if self.similarity_mode == "exact":
@@ -733,7 +778,7 @@ class AdaptiveEngine:
             with tf.name_scope(_SCOPES["grad_allreduce"]):
                 total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
         with tf.name_scope(_SCOPES["scalar_allreduce"]):
-            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
+            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
         n = scalars[2]
         gbar = [t / tf.cast(n, t.dtype) for t in total]
         out["num_micro"] = n
@@ -783,10 +828,17 @@ class AdaptiveEngine:
         k = state.accumulation_steps.read_value()
         with tf.name_scope(_SCOPES["rollback"]):
             saved = self._rollback.save()
-        for i in tf.range(k):
-            strategy.run(self._micro_fn, args=(next(iterator), i))
-        with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
-            per_replica, gbar = strategy.run(self._reduce_fn)
+        if self._two_slots:
+            # Odd N in exact mode: every micro-step goes to one of two accumulators.
+            for i in tf.range(k):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
+                per_replica, gbar = strategy.run(self._reduce_fn)
+        else:
+            for i in tf.range(k - 1):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(_SCOPES["statistics"]):
+                per_replica, gbar = strategy.run(self._last_fn, args=(next(iterator), k - 1))
         with tf.name_scope(_SCOPES["statistics"]):
             step = {name: _local(strategy, v) for name, v in per_replica.items()}
             finite, logs = self._update_statistics(step, k)
