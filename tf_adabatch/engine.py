@@ -753,20 +753,21 @@ class AdaptiveEngine:
                 replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
                 even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
                 odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
-                parts = []
+                sums, diffs = [], []
                 for a, b in zip(local, self._acc_odd, strict=True):
                     even = tf.where(even_ok, a, tf.zeros_like(a))
                     odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
-                    parts.append(tf.stack([even + odd, even - odd]))
+                    sums.append(even + odd)
+                    diffs.append(even - odd)
             else:
                 odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
-                parts = [
-                    tf.stack([a, a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype)]) for a in local
-                ]
+                sums = local
+                diffs = [a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype) for a in local]
+            # One all-reduce call of the 2L tensors (no stacking): tf.distribute packs
+            # them into one collective, as it does the L tensors in estimated mode.
             with tf.name_scope(_SCOPES["grad_allreduce"]):
-                stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
-            total = [p[0] for p in stacked]
-            diff = [p[1] for p in stacked]
+                reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums + diffs)
+            total, diff = reduced[: len(local)], reduced[len(local) :]
             total_sq = S.sum_of_squares(total)
             diff_sq = S.sum_of_squares(diff)
             cross = S.dot(total, diff)
