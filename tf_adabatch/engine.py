@@ -6,7 +6,7 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
                                         gradient to a per-replica accumulator and its
                                         squared norm to a float64 scalar
     reduce (replica context)           ONE gradient-sized all-reduce (in exact mode of
-                                        the two groups' sums stacked, [A, B]), one
+                                        the two groups' sum and difference, [A+B, A-B]), one
                                         float64 scalar all-reduce; gbar = sum / n. The
                                         last micro-step runs in the same replica
                                         function: its gradient joins the accumulators'
@@ -317,7 +317,7 @@ class AdaptiveEngine:
       base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
         Defaults to the policy's initial batch size.
       policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one stacked all-reduce),
+      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
         "estimated" (from the step's own scalar moments, no extra communication;
         like the exact cosine, a per-step reading with no memory) or "auto"
         (default): exact with two or more replicas, estimated with one (where exact
@@ -683,7 +683,7 @@ class AdaptiveEngine:
     def _forward_backward(
         self, x: Any, y: Any, sample_weight: Any
     ) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
+        """The forward and backward pass of `_micro_gradients` on unpacked data."""
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
@@ -742,7 +742,7 @@ class AdaptiveEngine:
         out: dict[str, tf.Tensor] = {}
         total_sq = None
         if self.similarity_mode == "exact":
-            # One stacked all-reduce of [A + B, A - B] (A, B: this replica's part of the
+            # One all-reduce of [A + B, A - B] (A, B: this replica's part of the
             # two groups' sums) yields the total T = sum_A + sum_B that is applied and
             # the difference D = sum_A - sum_B; the three inner products of the groups
             # follow from |T|^2, |D|^2 and T.D (and |T|^2 is needed anyway).
