@@ -70,41 +70,45 @@ def build_model(kind: str):
     return keras.Sequential([keras.Input((28, 28, 1)), *body, layers.Dense(10)])
 
 
-def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
-    """Seconds per step of each variant, one entry per interleaved round."""
-    import keras
+def make_dataset(global_batch: int):
+    """Random 28x28x1 images and 10 classes, batched with the global batch, repeated."""
     import numpy as np
     import tensorflow as tf
 
-    import tf_adabatch
-
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
-    global_micro = replicas * FLAGS.micro_batch
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(global_micro * 8, 28, 28, 1)).astype("float32")
-    y = rng.integers(0, 10, size=(global_micro * 8,)).astype("int32")
-    dataset = (
+    x = rng.normal(size=(global_batch * 8, 28, 28, 1)).astype("float32")
+    y = rng.integers(0, 10, size=(global_batch * 8,)).astype("int32")
+    return (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
-        .batch(global_micro, drop_remainder=True)
+        .batch(global_batch, drop_remainder=True)
         .prefetch(4)
     )
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    steps = {}
+
+def make_loss():
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_plain_step(strategy, model_kind: str, dataset, global_batch: int):
+    """A plain tf.distribute step (gradients -> `apply_gradients`, Keras all-reduces
+    inside): `(step(iterator), distributed iterator, model)`."""
+    import keras
+    import tensorflow as tf
+
+    loss = make_loss()
     with strategy.scope():
         model = build_model(model_kind)
         optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
         optimizer.build(model.trainable_variables)
-    print(
-        f"\nmodel: {model_kind}, {model.count_params():,} parameters; {replicas} replicas x micro-batch {FLAGS.micro_batch}"
-    )
 
     def plain_replica_step(data):
         xb, yb = data
         with tf.GradientTape() as tape:
             per_example = loss.call(yb, model(xb, training=True))
-            value = tf.nn.compute_average_loss(per_example, global_batch_size=global_micro)
+            value = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
         optimizer.apply_gradients(
             zip(
                 tape.gradient(value, model.trainable_variables),
@@ -118,38 +122,63 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
     def plain_step(iterator):
         strategy.run(plain_replica_step, args=(next(iterator),))
 
-    steps["plain"] = (plain_step, iter(strategy.experimental_distribute_dataset(dataset)))
-    for mode in ("estimated", "exact"):
-        with strategy.scope():
-            m = build_model(model_kind)
-            opt = keras.optimizers.SGD(0.01, momentum=0.9)
-        trainer = tf_adabatch.Trainer(
-            m,
-            loss=loss,
-            optimizer=opt,
-            micro_batch_size=FLAGS.micro_batch,
-            similarity=mode,
-            strategy=strategy,
-        )
-        steps[mode] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
-    # The roll-back's share: estimated mode with the per-step copies (and their
-    # finiteness check) switched off on this one engine, before its first trace.
+    return plain_step, iter(strategy.experimental_distribute_dataset(dataset)), model
+
+
+def make_trainer(strategy, model_kind: str, similarity: str, micro_batch: int):
+    """A `tf_adabatch.Trainer` on a fresh model (SGD with momentum, k = 1)."""
+    import keras
+
+    import tf_adabatch
+
     with strategy.scope():
-        m = build_model(model_kind)
+        model = build_model(model_kind)
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
-    trainer = tf_adabatch.Trainer(
-        m,
-        loss=loss,
+    return tf_adabatch.Trainer(
+        model,
+        loss=make_loss(),
         optimizer=opt,
-        micro_batch_size=FLAGS.micro_batch,
-        similarity="estimated",
+        micro_batch_size=micro_batch,
+        similarity=similarity,
         strategy=strategy,
     )
-    rollback = trainer.engine._rollback
+
+
+def disable_rollback(engine) -> None:
+    """Switches the roll-back's per-step copies (and their finiteness check) off on
+    this engine; call it before the engine's first step (it acts when tracing)."""
+    import tensorflow as tf
+
+    rollback = engine._rollback
     rollback.save = lambda: []
     rollback.restore_local = lambda: None
     rollback.restore_mirrored = lambda saved: None
     rollback.all_finite = lambda: tf.constant(True)
+
+
+def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
+    """Seconds per step of each variant, one entry per interleaved round."""
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    global_micro = replicas * FLAGS.micro_batch
+    dataset = make_dataset(global_micro)
+    loss = make_loss()
+
+    steps = {}
+    plain_step, plain_iterator, model = make_plain_step(strategy, model_kind, dataset, global_micro)
+    print(
+        f"\nmodel: {model_kind}, {model.count_params():,} parameters; {replicas} replicas x micro-batch {FLAGS.micro_batch}"
+    )
+    steps["plain"] = (plain_step, plain_iterator)
+    for mode in ("estimated", "exact"):
+        trainer = make_trainer(strategy, model_kind, mode, FLAGS.micro_batch)
+        steps[mode] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
+    # The roll-back's share: estimated mode with the per-step copies (and their
+    # finiteness check) switched off on this one engine, before its first trace.
+    trainer = make_trainer(strategy, model_kind, "estimated", FLAGS.micro_batch)
+    disable_rollback(trainer.engine)
     steps["estimated_no_rollback"] = (trainer.engine.train_step, iter(trainer.distribute(dataset)))
     with strategy.scope():
         stock = build_model(model_kind)

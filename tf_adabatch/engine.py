@@ -6,8 +6,13 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
                                         gradient to a per-replica accumulator and its
                                         squared norm to a float64 scalar
     reduce (replica context)           ONE gradient-sized all-reduce (in exact mode of
-                                        the two groups' sums stacked, [A, B]), one
-                                        float64 scalar all-reduce; gbar = sum / n
+                                        the two groups' sum and difference, [A+B, A-B]), one
+                                        float64 scalar all-reduce; gbar = sum / n. The
+                                        last micro-step runs in the same replica
+                                        function: its gradient joins the accumulators'
+                                        sum without being stored (with k = 1 the
+                                        accumulators are not touched at all; not in
+                                        exact mode with an odd N: two accumulators)
     statistics (cross-replica context) moments, moving averages, gain, similarity
     apply (cross-replica tf.cond)      the Keras optimizer applies gbar, with its own
                                         all-reduce bypassed; skipped if not finite
@@ -40,6 +45,22 @@ from tf_adabatch.state import AdaptiveState
 __all__ = ["SIMILARITY_MODES", "AdaptiveEngine", "NonFiniteGradientsError"]
 
 SIMILARITY_MODES = ("exact", "estimated")
+# The step function's progress increment, popped from its logs by `train_step` (it
+# gives progress_per_second without reading the progress variable before the step).
+_PROGRESS_INCREMENT = "_progress_increment"
+# Name scopes of the parts of one optimizer step, so that a profile (TensorBoard's trace
+# viewer, launch/profile_step.py) attributes every op to its part. They cost nothing at
+# run time.
+_SCOPES = {
+    "micro": "adabatch_micro_step",
+    "accumulate": "adabatch_accumulate",
+    "grad_allreduce": "adabatch_grad_allreduce",
+    "scalar_allreduce": "adabatch_scalar_allreduce",
+    "statistics": "adabatch_statistics",
+    "apply": "adabatch_apply",
+    "rollback": "adabatch_rollback",
+    "policy": "adabatch_policy",
+}
 _F64 = tf.float64
 _ON_READ = {
     "synchronization": tf.VariableSynchronization.ON_READ,
@@ -160,6 +181,11 @@ def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.
             var.assign_add(value)
 
     tf.cond(overwrite, assign, add)
+
+
+def _micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
+    """[|g|^2, loss, 1] of one micro-step, float64 (the accumulated scalars)."""
+    return tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
 
 
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
@@ -291,7 +317,7 @@ class AdaptiveEngine:
       base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
         Defaults to the policy's initial batch size.
       policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one stacked all-reduce),
+      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
         "estimated" (from the step's own scalar moments, no extra communication;
         like the exact cosine, a per-step reading with no memory) or "auto"
         (default): exact with two or more replicas, estimated with one (where exact
@@ -486,6 +512,11 @@ class AdaptiveEngine:
         self._micro_fn = wrap(self._micro_step)
         single = self.num_replicas == 1
         self._reduce_fn = wrap(self._reduce_step) if single else self._reduce_step
+        # The last micro-step is fused with the reduce (which XLA compiles only on a
+        # single replica: it holds the all-reduces); its forward and backward pass is
+        # compiled on its own.
+        self._gradients_fn = wrap(self._micro_gradients)
+        self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
         self._step_fn = tf.function(self._train_step)
 
@@ -598,13 +629,15 @@ class AdaptiveEngine:
             # they do not count in the finiteness check.
             metrics = [v for m in getattr(self.model, "metrics", []) for v in m.variables]
             self._rollback.add_local(metrics, check_finite=False)
-        progress_before = float(self.state.progress.numpy())
         traces = self.trace_count
         start = time.perf_counter()
         logs = self._step_fn(iterator)
-        consecutive_skips = int(self.state.consecutive_skips.numpy())  # waits for the step
+        # The step's outputs are ready when the call returns (the step ran to its end):
+        # reading them is the only host round trip of a step.
+        consecutive_skips = int(logs["consecutive_skips"])
         seconds = time.perf_counter() - start
-        logs.update(self._timing(logs, seconds, progress_before, traced=self.trace_count != traces))
+        increment = float(logs.pop(_PROGRESS_INCREMENT))
+        logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
         if limit is not None and consecutive_skips >= limit:
             raise NonFiniteGradientsError(
@@ -617,7 +650,7 @@ class AdaptiveEngine:
         return logs
 
     def _timing(
-        self, logs: dict[str, tf.Tensor], seconds: float, progress_before: float, *, traced: bool
+        self, logs: dict[str, tf.Tensor], seconds: float, progress: float, *, traced: bool
     ) -> dict[str, tf.Tensor]:
         """Host-side timing of the step just taken (NaN for a step that traced).
 
@@ -626,9 +659,8 @@ class AdaptiveEngine:
         """
         if traced:
             seconds = float("nan")
-        elif float(logs["applied"]) and isinstance(self.policy, GoodputPolicy):
+        elif isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):
             self.policy.throughput.observe(int(logs["accumulation_steps"]), seconds)
-        progress = float(logs["progress"]) - progress_before
         return {
             "step_time": tf.constant(seconds, _F64),
             "examples_per_second": tf.constant(float(logs["batch_size"]) / seconds, _F64),
@@ -658,13 +690,48 @@ class AdaptiveEngine:
         return tf.add_n([tf.cast(x, tf.float32) for x in extra])
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
+        grads, data_loss = self._micro_gradients(data)
+        with tf.name_scope(_SCOPES["accumulate"]):
+            self._accumulate(grads, data_loss, micro_index)
+
+    def _last_micro_step(
+        self, data: Any, micro_index: tf.Tensor
+    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+        """The step's last micro-step and the reduce, fused (one replica function).
+
+        The last micro-step's gradients and scalars go to the all-reduce added to the
+        accumulators' sums of the earlier micro-steps (none when it is the first),
+        without being written to the accumulators and read back.
+        """
+        grads, data_loss = self._gradients_fn(data)
+        with tf.name_scope(_SCOPES["accumulate"]):
+            scalars = _micro_scalars(grads, data_loss)
+
+            def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
+                local = [g + a.read_value() for g, a in zip(grads, self._acc, strict=True)]
+                return local, scalars + self._scalars.read_value()
+
+            local, local_scalars = tf.cond(
+                micro_index > 0, with_earlier, lambda: (list(grads), scalars)
+            )
+        return self._reduce_step(local, local_scalars)
+
+    def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        tf.debugging.assert_equal(
-            tf.shape(tf.nest.flatten(x)[0])[0],
-            self.micro_batch_size,
-            message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
-            "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
-        )
+        with tf.name_scope(_SCOPES["micro"]):
+            tf.debugging.assert_equal(
+                tf.shape(tf.nest.flatten(x)[0])[0],
+                self.micro_batch_size,
+                message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
+                "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
+            )
+            return self._forward_backward(x, y, sample_weight)
+
+    def _forward_backward(
+        self, x: Any, y: Any, sample_weight: Any
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """The forward and backward pass of `_micro_gradients` on unpacked data."""
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
@@ -684,13 +751,17 @@ class AdaptiveEngine:
         if self._loss_scaled:  # unscale now: overflow stays inf/NaN and skips the step
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
+        return grads, data_loss
+
+    def _accumulate(
+        self, grads: list[tf.Tensor], data_loss: tf.Tensor, micro_index: tf.Tensor
+    ) -> None:
+        """Adds one micro-step's gradients and scalars to this replica's accumulators."""
         # The first micro-step of an optimizer step overwrites the accumulators, so no
         # reset pass is needed (and a step cut short by the end of the data is simply
         # overwritten by the next one).
         first = micro_index == 0
-        scalars = tf.stack(
-            [S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)]
-        )
+        scalars = _micro_scalars(grads, data_loss)
         if self._two_slots:
             # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
             # first micro-step is i = 0 or i = 1.
@@ -707,13 +778,19 @@ class AdaptiveEngine:
             _set_or_add(self._acc, grads, first)
         _set_or_add([self._scalars], [scalars], first)
 
-    def _reduce_step(self) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+    def _reduce_step(
+        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
+    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+        """All-reduces this replica's sums (default: the accumulators')."""
         ctx = tf.distribute.get_replica_context()
-        local = [a.read_value() for a in self._acc]
+        if local is None:
+            local = [a.read_value() for a in self._acc]
+        if local_scalars is None:
+            local_scalars = self._scalars.read_value()
         out: dict[str, tf.Tensor] = {}
         total_sq = None
         if self.similarity_mode == "exact":
-            # One stacked all-reduce of [A + B, A - B] (A, B: this replica's part of the
+            # One all-reduce of [A + B, A - B] (A, B: this replica's part of the
             # two groups' sums) yields the total T = sum_A + sum_B that is applied and
             # the difference D = sum_A - sum_B; the three inner products of the groups
             # follow from |T|^2, |D|^2 and T.D (and |T|^2 is needed anyway).
@@ -724,19 +801,21 @@ class AdaptiveEngine:
                 replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
                 even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
                 odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
-                parts = []
+                sums, diffs = [], []
                 for a, b in zip(local, self._acc_odd, strict=True):
                     even = tf.where(even_ok, a, tf.zeros_like(a))
                     odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
-                    parts.append(tf.stack([even + odd, even - odd]))
+                    sums.append(even + odd)
+                    diffs.append(even - odd)
             else:
                 odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
-                parts = [
-                    tf.stack([a, a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype)]) for a in local
-                ]
-            stacked = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
-            total = [p[0] for p in stacked]
-            diff = [p[1] for p in stacked]
+                sums = local
+                diffs = [a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype) for a in local]
+            # One all-reduce call of the 2L tensors (no stacking): tf.distribute packs
+            # them into one collective, as it does the L tensors in estimated mode.
+            with tf.name_scope(_SCOPES["grad_allreduce"]):
+                reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums + diffs)
+            total, diff = reduced[: len(local)], reduced[len(local) :]
             total_sq = S.sum_of_squares(total)
             diff_sq = S.sum_of_squares(diff)
             cross = S.dot(total, diff)
@@ -745,8 +824,10 @@ class AdaptiveEngine:
             out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0
             out["sq_b"] = (total_sq - 2.0 * cross + diff_sq) / 4.0
         else:
-            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, self._scalars.read_value())
+            with tf.name_scope(_SCOPES["grad_allreduce"]):
+                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        with tf.name_scope(_SCOPES["scalar_allreduce"]):
+            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
         n = scalars[2]
         gbar = [t / tf.cast(n, t.dtype) for t in total]
         out["num_micro"] = n
@@ -794,13 +875,50 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
-        saved = self._rollback.save()
-        for i in tf.range(k):
-            strategy.run(self._micro_fn, args=(next(iterator), i))
-        per_replica, gbar = strategy.run(self._reduce_fn)
-        step = {name: _local(strategy, v) for name, v in per_replica.items()}
-        finite, logs = self._update_statistics(step, k)
-        logs["learning_rate"] = tf.cast(self.optimizer.learning_rate, _F64)
+        with tf.name_scope(_SCOPES["rollback"]):
+            saved = self._rollback.save()
+        if self._two_slots:
+            # Odd N in exact mode: every micro-step goes to one of two accumulators.
+            for i in tf.range(k):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
+                per_replica, gbar = strategy.run(self._reduce_fn)
+        else:
+            for i in tf.range(k - 1):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(_SCOPES["statistics"]):
+                per_replica, gbar = strategy.run(self._last_fn, args=(next(iterator), k - 1))
+        with tf.name_scope(_SCOPES["statistics"]):
+            step = {name: _local(strategy, v) for name, v in per_replica.items()}
+            finite, logs = self._update_statistics(step, k)
+            # The rate this step applies (read before the optimizer counts the step).
+            learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
+        with tf.name_scope(_SCOPES["apply"]):
+            self._apply_or_skip(gbar, finite)
+        with tf.name_scope(_SCOPES["rollback"]):
+            # Applied only if the gradients were finite AND the update left every
+            # weight, slot and model statistic finite; otherwise roll the step back.
+            update_ok = self._rollback.all_finite()
+            applied = finite & update_ok
+            # Any skip: the forward passes' writes (BatchNormalization statistics...).
+            tf.cond(applied, lambda: None, self._rollback.restore_local)
+            # A finite gradient with a non-finite update: weights, slots and the state
+            # the statistics wrote. (On a non-finite gradient nothing was applied, and a
+            # loss-scale optimizer's lowered scale must stick.)
+            tf.cond(
+                finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
+            )
+        with tf.name_scope(_SCOPES["statistics"]):
+            # Read after a possible roll-back (which restores the state).
+            logs.update(self._logged_statistics())
+            logs["learning_rate"] = learning_rate
+        with tf.name_scope(_SCOPES["policy"]):
+            logs.update(self._advance(applied, k, logs))
+        return logs
+
+    def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
+        """Applies the mean gradient on every replica if `finite` (cross-replica context)."""
+        strategy = self.strategy
         self._bypass.active = True
         try:
             if self._loss_scaled:
@@ -811,21 +929,8 @@ class AdaptiveEngine:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-        # Applied only if the gradients were finite AND the update left every weight,
-        # slot and model statistic finite; otherwise roll the step back.
-        update_ok = self._rollback.all_finite()
-        applied = finite & update_ok
-        # Any skip: the forward passes' writes (BatchNormalization statistics...).
-        tf.cond(applied, lambda: None, self._rollback.restore_local)
-        # A finite gradient with a non-finite update: weights, slots and the state the
-        # statistics wrote. (On a non-finite gradient nothing was applied, and a
-        # loss-scale optimizer's lowered scale must stick.)
-        tf.cond(finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None)
-        logs.update(self._refreshed_statistics(logs))
-        logs.update(self._advance(applied, k, logs))
-        return logs
 
-    def _refreshed_statistics(self, logs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def _logged_statistics(self) -> dict[str, tf.Tensor]:
         """The logged statistics as the state holds them after a possible roll-back."""
         grad_sqr, trace = self.smoothed_moments()
         return {
@@ -888,11 +993,6 @@ class AdaptiveEngine:
             "loss": step["loss"],
             "batch_size": batch,
             "accumulation_steps": tf.cast(k, _F64),
-            "gain": state.gain.read_value(),
-            "similarity": state.similarity.read_value(),
-            "noise_scale": S.noise_scale(grad_sqr, trace),
-            "grad_sqr": grad_sqr,
-            "grad_var": trace / b0,
         }
         return finite, logs
 
@@ -911,7 +1011,8 @@ class AdaptiveEngine:
         else:
             scale = tf.cast(batch, _F64) / float(self.base_batch_size)
             increment = self.lr_schedule.progress_increment(state.gain, scale)
-        state.progress.assign_add(tf.where(finite, increment, 0.0))
+        increment = tf.where(finite, tf.cast(increment, _F64), 0.0)
+        state.progress.assign_add(increment)
         state.steps.assign_add(applied)
         state.skipped_steps.assign_add(1 - applied)
         state.consecutive_skips.assign(
@@ -937,6 +1038,7 @@ class AdaptiveEngine:
         new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
         state.accumulation_steps.assign(tf.where(finite, new_k, state.accumulation_steps))
         return {
+            _PROGRESS_INCREMENT: increment,
             "progress": state.progress.read_value(),
             "samples_seen": tf.cast(state.samples_seen, _F64),
             "skipped_steps": tf.cast(state.skipped_steps, _F64),
