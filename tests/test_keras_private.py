@@ -238,3 +238,36 @@ def test_fit_epoch_iterator_and_metric_pieces_attach_relies_on() -> None:
     )
     wrapped = LossFunctionWrapper(lambda a, b: tf.reduce_mean(b))
     assert float(wrapped(y_true, y_pred + 1.0, sample_weight=tf.fill((4,), 0.5))) == 0.5
+
+
+def test_profiler_trace_layout_that_launch_profile_step_reads(tmp_path) -> None:
+    """launch/profile_step.py reads the profiler's `plugins/profile/*/*.xplane.pb` with
+    TensorFlow's `tensorflow.tsl.profiler.protobuf.xplane_pb2` and attributes host-plane
+    ("/host:CPU") op events to parts by the engine's name scopes: all private layout."""
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    @tf.function
+    def step(x):
+        with tf.name_scope("adabatch_statistics"):
+            return tf.reduce_sum(tf.square(x))
+
+    step(tf.ones([8]))  # traced before the capture
+    tf.profiler.experimental.start(str(tmp_path))
+    for _ in range(3):
+        step(tf.ones([8]))
+    tf.profiler.experimental.stop()
+    paths = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(paths) == 1, paths
+    space = xplane_pb2.XSpace()
+    with open(paths[0], "rb") as f:
+        space.ParseFromString(f.read())
+    hosts = [plane for plane in space.planes if plane.name == "/host:CPU"]
+    assert len(hosts) == 1
+    names = [
+        hosts[0].event_metadata[ev.metadata_id].name
+        for line in hosts[0].lines
+        for ev in line.events
+    ]
+    assert any("adabatch_statistics" in name for name in names), sorted(set(names))[:20]
