@@ -258,13 +258,19 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
             not math.isfinite(t) or (mine <= t if v == "baseline" else mine < t)
             for v, t in others.items()
         )
-        ratios = ", ".join(f"{mine / t:.2f}x {v}'s" for v, t in others.items())
-        verdicts.append(
-            f"{'MET' if ok else 'NOT MET'}: goodput reaches the baseline's accuracy in "
-            f"{mine:.0f} s of training, {ratios} (target: at most 1.0x the baseline's, "
-            "below the others'; "
-            f"{by['goodput']['reached']}/{by['goodput']['runs']} runs reached it)"
-        )
+        reached = f"{by['goodput']['reached']}/{by['goodput']['runs']} runs reached it"
+        target = "target: at most 1.0x the baseline's time, below the others'"
+        if math.isfinite(mine):
+            ratios = ", ".join(f"{mine / t:.2f}x {v}'s" for v, t in others.items())
+            verdicts.append(
+                f"{'MET' if ok else 'NOT MET'}: goodput reaches the baseline's accuracy in "
+                f"{mine:.0f} s of training, {ratios} ({target}; {reached})"
+            )
+        else:
+            verdicts.append(
+                f"NOT MET: goodput never reached the baseline's final accuracy ({target}; "
+                f"{reached})"
+            )
     if base:
         acc0, steps0 = base["test_accuracy"][0], base["optimizer_steps"][0]
         for variant, quarter in (("simigrad_adascale", True), ("adascale_16x", False)):

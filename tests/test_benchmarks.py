@@ -100,7 +100,14 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     table = (outdir / "results.md").read_text()
     assert "| simigrad_adascale | 1 |" in table
     assert "simigrad_adascale:" in table and "adascale_16x:" in table  # the verdicts
-    assert "goodput reaches the baseline's accuracy in" in table
+    # Goodput's batches follow measured step times, so whether it reaches the target
+    # varies: one verdict line either way.
+    verdicts = [
+        line
+        for line in table.splitlines()
+        if line.startswith(("- MET: goodput", "- NOT MET: goodput"))
+    ]
+    assert len(verdicts) == 1, table
     for png in ("accuracy.png", "adaptation.png"):
         assert (outdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The adaptation plot's x-axis and reference lines come from the runs: progress ends
