@@ -20,7 +20,6 @@ there instead of going unnoticed. Used by tests/test_faults.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -29,6 +28,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from resume_worker import load_config
 
 
 def kill() -> None:
@@ -45,16 +46,7 @@ def main() -> None:
     from tf_adabatch import experiment
     from tf_adabatch.data import pipeline
 
-    spec = importlib.util.spec_from_file_location("config", config_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    for key, value in json.loads(overrides).items():
-        *parents, leaf = key.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
+    config = load_config(config_path, overrides)
 
     fault = json.loads(fault_json)
     if "micro_batch" in fault:

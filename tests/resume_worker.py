@@ -20,15 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def main() -> None:
-    config_path, workdir, kill_at, overrides = sys.argv[1:]
+def load_config(config_path: str, overrides: str):
+    """The config file's `get_config()` with the JSON `{"a.b": value}` overrides set
+    (also used by tests/fault_worker.py)."""
     import importlib.util
     import json
-
-    import tensorflow as tf
-
-    from tf_adabatch import experiment
-    from tf_adabatch.data import pipeline
 
     spec = importlib.util.spec_from_file_location("config", config_path)
     module = importlib.util.module_from_spec(spec)
@@ -40,6 +36,17 @@ def main() -> None:
         for parent in parents:
             node = node[parent]
         node[leaf] = value
+    return config
+
+
+def main() -> None:
+    config_path, workdir, kill_at, overrides = sys.argv[1:]
+    import tensorflow as tf
+
+    from tf_adabatch import experiment
+    from tf_adabatch.data import pipeline
+
+    config = load_config(config_path, overrides)
 
     if int(kill_at) > 0:
         original = pipeline.train_dataset_fn
