@@ -2,7 +2,7 @@ r"""The shared defaults every config starts from (Fashion-MNIST CNN, SimiGrad + 
 
     python launch/train.py --config=configs/base.py --workdir=workdir/base
 
-Fields (every one is validated by `tf_adabatch.experiment.validate_config`):
+Fields (every one is validated by `tf_adabatch.app.validate_config`):
   seed                      data order and initialisation
   deterministic             bit-reproducible ops (tf.config.experimental.enable_op_determinism,
                             process-wide; slower): a resumed run then ends exactly where an

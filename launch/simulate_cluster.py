@@ -720,15 +720,15 @@ def measure_worker(replicas: int, ks: Sequence[int], steps: int) -> dict[str, An
     """
     from ml_collections import config_dict
 
-    from tf_adabatch import experiment
+    from tf_adabatch.app import make_strategy, models
 
-    strategy = experiment.make_strategy(
+    strategy = make_strategy(
         config_dict.ConfigDict({"strategy": "mirrored", "num_cpu_replicas": replicas})
     )
     import keras
     import tensorflow as tf
 
-    from tf_adabatch import StaticPolicy, Trainer, models
+    from tf_adabatch import StaticPolicy, Trainer
 
     unit = replicas * _MICRO_BATCH
     with strategy.scope():

@@ -1,4 +1,4 @@
-r"""Trains one config: flags in, `tf_adabatch.experiment.run(config, workdir)` out.
+r"""Trains one config: flags in, `tf_adabatch.app.run(config, workdir)` out.
 
     python launch/train.py --config=configs/fashion_mnist.py --workdir=workdir/fashion_mnist
 
@@ -82,18 +82,18 @@ def main(argv: list[str]) -> None:
 
     logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the progress bar
     import_tensorflow_quietly()
-    from tf_adabatch import experiment
+    from tf_adabatch.app import ConfigError, ResumeError, WorkerLostError, run
     from tf_adabatch.engine import NonFiniteGradientsError
 
     try:
-        experiment.run(_CONFIG.value, _WORKDIR.value)
-    except (experiment.ConfigError, experiment.ResumeError) as err:
+        run(_CONFIG.value, _WORKDIR.value)
+    except (ConfigError, ResumeError) as err:
         fail(str(err))
     except NonFiniteGradientsError as err:
         # No checkpoint was written while steps were skipped: the last one predates them.
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
-    except experiment.WorkerLostError as err:
+    except WorkerLostError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(4)
 

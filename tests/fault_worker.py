@@ -1,4 +1,4 @@
-"""`tf_adabatch.experiment.run` in a subprocess that SIGKILLs itself at a chosen point.
+"""`tf_adabatch.app.run` in a subprocess that SIGKILLs itself at a chosen point.
 
     python tests/fault_worker.py CONFIG WORKDIR OVERRIDES_JSON FAULT_JSON
 
@@ -43,8 +43,8 @@ def main() -> None:
     from tensorflow.python.checkpoint import checkpoint_management
     from tensorflow.python.ops import gen_io_ops
 
-    from tf_adabatch import experiment
-    from tf_adabatch.data import pipeline
+    from tf_adabatch import app
+    from tf_adabatch.app.data import pipeline
 
     config = load_config(config_path, overrides)
 
@@ -93,7 +93,7 @@ def main() -> None:
             return record(self)
 
         checkpoint_management.CheckpointManager._record_state = killing_record
-    experiment.run(config, workdir, verbose=1)
+    app.run(config, workdir, verbose=1)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ def main() -> None:
     config_path, workdir, kill_at, overrides = sys.argv[1:]
     import tensorflow as tf
 
-    from tf_adabatch import experiment
-    from tf_adabatch.data import pipeline
+    from tf_adabatch import app
+    from tf_adabatch.app.data import pipeline
 
     config = load_config(config_path, overrides)
 
@@ -70,7 +70,7 @@ def main() -> None:
             return fn
 
         pipeline.train_dataset_fn = killing_dataset_fn
-    experiment.run(config, workdir, verbose=1)
+    app.run(config, workdir, verbose=1)
 
 
 if __name__ == "__main__":

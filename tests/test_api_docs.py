@@ -22,11 +22,11 @@ MODULES = [
     "tf_adabatch.fit",
     "tf_adabatch.callbacks",
     "tf_adabatch.summaries",
-    "tf_adabatch.models",
-    "tf_adabatch.experiment",
-    "tf_adabatch.data",
-    "tf_adabatch.data.pipeline",
-    "tf_adabatch.data.fashion_mnist",
+    "tf_adabatch.app.models",
+    "tf_adabatch.app",
+    "tf_adabatch.app.data",
+    "tf_adabatch.app.data.pipeline",
+    "tf_adabatch.app.data.fashion_mnist",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Resuming `experiment.run`: damaged checkpoints, another job's checkpoints, temporaries.
+"""Resuming `app.run`: damaged checkpoints, another job's checkpoints, temporaries.
 
 In-process, one device, the synthetic config: a base workdir with ckpt-2 and ckpt-4
 (a checkpoint every 2 optimizer steps), copied for each test. The kills themselves,
@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from configs import synthetic
-from tf_adabatch import experiment
+from tf_adabatch import app
 
 
 def config(**overrides):
@@ -36,7 +36,7 @@ def config(**overrides):
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("base")
-    experiment.run(config(), str(workdir), verbose=0)
+    app.run(config(), str(workdir), verbose=0)
     return workdir
 
 
@@ -83,7 +83,7 @@ def test_damaged_newest_checkpoint_is_passed_over_kept_aside_and_its_number_reus
     ckpts = workdir / "checkpoints"
     damage(ckpts, kind, 4)
     damaged = {n: b for n, b in files(ckpts).items() if n.startswith("ckpt-4.")}
-    metrics = experiment.run(config(**{"train.max_steps": 6}), str(workdir))
+    metrics = app.run(config(**{"train.max_steps": 6}), str(workdir))
     out, err = capsys.readouterr()
     # Resumed from the older intact checkpoint, with one warning line naming the damage.
     assert f"Resumed from {ckpts / 'ckpt-2'}: step 2," in out
@@ -110,7 +110,7 @@ def test_damaged_newest_checkpoint_is_passed_over_kept_aside_and_its_number_reus
 def test_garbled_state_file_is_ignored_and_rewritten(workdir: Path, capsys) -> None:
     ckpts = workdir / "checkpoints"
     (ckpts / "checkpoint").write_bytes(b"\x00\xffgarbage {{{")
-    experiment.run(config(**{"train.max_steps": 6}), str(workdir))
+    app.run(config(**{"train.max_steps": 6}), str(workdir))
     out, err = capsys.readouterr()
     assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
     assert "warning: ckpt-" not in err
@@ -123,10 +123,10 @@ def test_no_readable_checkpoint_stops_and_changes_nothing(workdir: Path) -> None
     damage(ckpts, "delete_index", 2)
     before = files(ckpts)
     with pytest.raises(
-        experiment.ResumeError,
+        app.ResumeError,
         match=r"No readable checkpoint in .*checkpoints \(all left in place\): ckpt-4: .*; ckpt-2: FileNotFoundError",
     ):
-        experiment.run(config(**{"train.max_steps": 6}), str(workdir), verbose=0)
+        app.run(config(**{"train.max_steps": 6}), str(workdir), verbose=0)
     assert files(ckpts) == before
 
 
@@ -147,7 +147,7 @@ def test_stale_save_temporaries_are_removed_and_allowed_changes_resume(
             "train.eval_batch_size": 100,
         }
     )
-    metrics = experiment.run(changed, str(workdir))
+    metrics = app.run(changed, str(workdir))
     out, _ = capsys.readouterr()
     assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
     assert metrics["optimizer_steps"] == 5
@@ -171,8 +171,8 @@ def test_another_jobs_checkpoints_are_refused_naming_the_fields(
     workdir: Path, field: str, value, expected: str
 ) -> None:
     before = files(workdir / "checkpoints")
-    with pytest.raises(experiment.ResumeError, match=re.escape(expected)) as info:
-        experiment.run(config(**{field: value}), str(workdir), verbose=0)
+    with pytest.raises(app.ResumeError, match=re.escape(expected)) as info:
+        app.run(config(**{field: value}), str(workdir), verbose=0)
     assert "another job wrote it" in str(info.value) and "\n" not in str(info.value)
     assert files(workdir / "checkpoints") == before
 
@@ -183,22 +183,22 @@ def test_checkpoints_without_a_fingerprint_still_refuse_a_state_that_does_not_fi
     """Checkpoints from before fingerprints: the restore itself refuses a state that
     does not fit (a noise-scale run has no policy variables; SimiGrad's are then
     missing), as another job's, without renaming anything as damaged."""
-    experiment.run(
+    app.run(
         config(**{"policy.kind": "noise_scale", "train.max_steps": 2}), str(tmp_path), verbose=0
     )
-    (tmp_path / "checkpoints" / experiment.FINGERPRINT).unlink()
+    (tmp_path / "checkpoints" / app.loop.FINGERPRINT).unlink()
     before = files(tmp_path / "checkpoints")
-    with pytest.raises(experiment.ResumeError, match="does not fit this job's model"):
-        experiment.run(config(), str(tmp_path), verbose=0)
+    with pytest.raises(app.ResumeError, match="does not fit this job's model"):
+        app.run(config(), str(tmp_path), verbose=0)
     assert files(tmp_path / "checkpoints") == before
 
 
 def test_a_model_that_does_not_fit_the_data_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(
-        experiment.ConfigError,
+        app.ConfigError,
         match=r"Config fields `model`, `dataset`: model 'cnn' cannot take dataset 'synthetic' inputs of shape \(8, 8, 1\)",
     ):
-        experiment.run(config(model="cnn"), str(tmp_path), verbose=0)
+        app.run(config(model="cnn"), str(tmp_path), verbose=0)
 
 
 def test_a_resume_on_another_batch_unit_keeps_the_global_batch(tmp_path: Path, capsys) -> None:
@@ -210,7 +210,7 @@ def test_a_resume_on_another_batch_unit_keeps_the_global_batch(tmp_path: Path, c
     from tf_adabatch import summaries
 
     adapting = {"policy.target_similarity": 0.3}  # the batch grows in the first steps
-    experiment.run(config(**adapting, **{"train.max_steps": 4}), str(tmp_path), verbose=0)
+    app.run(config(**adapting, **{"train.max_steps": 4}), str(tmp_path), verbose=0)
     reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
     keys = reader.get_variable_to_shape_map()
 
@@ -224,7 +224,7 @@ def test_a_resume_on_another_batch_unit_keeps_the_global_batch(tmp_path: Path, c
     bounds = {"policy.min_batch_size": 64, "policy.initial_batch_size": 64}
     resumed = config(**adapting, **bounds, **{"train.max_steps": 5, "micro_batch_size": 32})
     capsys.readouterr()
-    experiment.run(resumed, str(tmp_path), verbose=1)
+    app.run(resumed, str(tmp_path), verbose=1)
     out = capsys.readouterr().out
     assert "(replicas x micro-batch; it was 16)" in out and f"global batch {batch}" in out
     logged = dict(

@@ -1,4 +1,4 @@
-"""Tests of `tf_adabatch.data`: the offline Fashion-MNIST builder, `load` and `parse_idx`.
+"""Tests of `tf_adabatch.app.data`: the offline Fashion-MNIST builder, `load` and `parse_idx`.
 
 The dataset is prepared once per module, from Debian's IDX files, into a temporary folder
 (15 s or so); tests that need those files are skipped where they are not installed.
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_adabatch import data
-from tf_adabatch.data import fashion_mnist as fm
+from tf_adabatch.app import data
+from tf_adabatch.app.data import fashion_mnist as fm
 
 DEBIAN_DIR = Path(fm.DEFAULT_MANUAL_DIR)
 needs_debian = pytest.mark.skipif(

@@ -248,7 +248,7 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
     8 steps: the first traces (no timing), so 7 timings; resumed to 12: the resumed
     process traces its first step again, so 7 + 3 = 10."""
     from configs import synthetic
-    from tf_adabatch import experiment
+    from tf_adabatch import app
 
     config = synthetic.get_config()
     config.strategy = "one_device"
@@ -256,8 +256,8 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
     config.train.max_steps = 8
     config.train.checkpoint_every_steps = 4
     config.train.eval_every_base_epochs = 100.0
-    experiment.validate_config(config)
-    policy = experiment._policy(config)
+    app.validate_config(config)
+    policy = app.loop._policy(config)
     assert isinstance(policy, GoodputPolicy) and policy.variables == ()
     assert policy.base_batch_size == config.base_batch_size and policy.hysteresis == 0.05
 
@@ -268,8 +268,8 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
         assert len(count) == 1, keys
         return int(reader.get_tensor(count[0]))
 
-    assert experiment.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 8
+    assert app.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 8
     assert saved_count() == 7
     config.train.max_steps = 12
-    assert experiment.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 12
+    assert app.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 12
     assert saved_count() == 10

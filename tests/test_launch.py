@@ -19,9 +19,9 @@ import pytest
 import tensorflow as tf
 
 from configs import base
-from tf_adabatch import experiment, summaries
-from tf_adabatch.data import pipeline
-from tf_adabatch.models import build_model
+from tf_adabatch import app, summaries
+from tf_adabatch.app.data import pipeline
+from tf_adabatch.app.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
@@ -330,8 +330,8 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
 )
 def test_validate_config_names_field_rule_and_value(field: str, value, match: str) -> None:
     config = with_value(field, value)
-    with pytest.raises(experiment.ConfigError, match=match):
-        experiment.validate_config(config)
+    with pytest.raises(app.ConfigError, match=match):
+        app.validate_config(config)
 
 
 def test_a_static_batch_must_be_reachable() -> None:
@@ -340,27 +340,27 @@ def test_a_static_batch_must_be_reachable() -> None:
     config.policy.kind = "static"
     config.policy.initial_batch_size = 200
     with pytest.raises(
-        experiment.ConfigError,
+        app.ConfigError,
         match=r"Config field `policy.initial_batch_size` must be a multiple of num_cpu_replicas x micro_batch_size = 4 x 32 = 128 to be reachable. Received: policy.initial_batch_size=200",
     ):
-        experiment.validate_config(config)
+        app.validate_config(config)
     # One device in exact-similarity mode: two micro-steps at least.
     config.strategy, config.policy.initial_batch_size = "one_device", 32
     with pytest.raises(
-        experiment.ConfigError,
+        app.ConfigError,
         match=r"multiple of replicas \(one_device\) x micro_batch_size = 1 x 32 = 32, at least 64 .* Received: policy.initial_batch_size=32",
     ):
-        experiment.validate_config(config)
+        app.validate_config(config)
     config.policy.initial_batch_size = 64
-    experiment.validate_config(config)
+    app.validate_config(config)
 
 
 def test_numpy_integers_and_none_are_valid_config_values() -> None:
     config = with_value("micro_batch_size", np.int64(32))
     config.train.max_consecutive_skips = None  # never stop (configs/base.py)
     config.train.max_steps = None
-    experiment.validate_config(config)
-    experiment.validate_config(with_value("train.max_steps", np.int32(5)))
+    app.validate_config(config)
+    app.validate_config(with_value("train.max_steps", np.int32(5)))
 
 
 def test_mirrored_batch_bounds_are_checked_against_the_gpus_when_there_are_some(
@@ -370,28 +370,28 @@ def test_mirrored_batch_bounds_are_checked_against_the_gpus_when_there_are_some(
     GPUs (not on the 4 CPU replicas that num_cpu_replicas would simulate without them)."""
     config = base.get_config()
     config.policy.max_batch_size = 2112
-    with pytest.raises(experiment.ConfigError, match="num_cpu_replicas x micro_batch_size"):
-        experiment.validate_config(config)
+    with pytest.raises(app.ConfigError, match="num_cpu_replicas x micro_batch_size"):
+        app.validate_config(config)
     real = tf.config.list_physical_devices
     gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
     monkeypatch.setattr(
         tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else real(kind)
     )
-    experiment.validate_config(config)
+    app.validate_config(config)
     config.policy.max_batch_size = 2080
     with pytest.raises(
-        experiment.ConfigError,
+        app.ConfigError,
         match=r"must be a multiple of local GPUs x micro_batch_size = 2 x 32 = 64 to be reachable. Received: policy.max_batch_size=2080",
     ):
-        experiment.validate_config(config)
+        app.validate_config(config)
 
 
 def test_config_that_is_not_a_config_dict_is_refused() -> None:
     with pytest.raises(
-        experiment.ConfigError,
+        app.ConfigError,
         match=r"Argument `config` must be an ml_collections.ConfigDict .* Received: config of type dict",
     ):
-        experiment.validate_config({"dataset": "digits"})
+        app.validate_config({"dataset": "digits"})
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN_CONFIGS))

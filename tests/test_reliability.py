@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tf_adabatch
 from configs import synthetic
-from tf_adabatch import experiment, summaries
+from tf_adabatch import app, summaries
 
 from helpers import checkpoint_values
 
@@ -102,7 +102,7 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_checkp
     config.train.checkpoint_every_steps = 1
     config.train.max_consecutive_skips = 3
     with pytest.raises(tf_adabatch.NonFiniteGradientsError, match="3 optimizer steps in a row"):
-        experiment.run(config, str(tmp_path), verbose=0)
+        app.run(config, str(tmp_path), verbose=0)
     latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
     values = checkpoint_values(tmp_path)
     state = {name.split("/")[1]: v for name, v in values.items() if name.startswith("adabatch/")}

@@ -222,11 +222,11 @@ def test_goodput_picks_the_argmax_of_gain_over_step_time(tmp_path: Path) -> None
 
 def test_logged_gain_of_a_real_run_is_adascale_gain_of_its_logged_moments(tmp_path: Path) -> None:
     from configs import synthetic
-    from tf_adabatch import experiment, stats
+    from tf_adabatch import app, stats
 
     config = synthetic.get_config()
     config.strategy, config.similarity, config.train.max_steps = "one_device", "estimated", 12
-    experiment.run(config, str(tmp_path), verbose=0)
+    app.run(config, str(tmp_path), verbose=0)
     scalars = summaries.read_scalars(str(tmp_path / "tensorboard" / summaries.TRAIN_RUN))
     col = {
         n: np.array([v for _, v in scalars[f"adabatch/{n}"]])

@@ -40,7 +40,7 @@ def read_layout(logdir: str) -> layout_pb2.Layout:
 @pytest.fixture(scope="module")
 def simigrad_run(tmp_path_factory) -> tuple[str, str, dict[str, list[float]]]:
     """Five steps of SimiGrad (target 0.9, batch in [8, 64]) with summaries, and one
-    evaluation written into the sibling eval run, as `experiment.run` lays them out."""
+    evaluation written into the sibling eval run, as `tf_adabatch.app.run` lays them out."""
     root = tmp_path_factory.mktemp("tb")
     strategy = get_strategy(2)
     model = mlp(strategy)

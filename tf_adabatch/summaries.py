@@ -58,7 +58,7 @@ POLICY_SCALARS = ("min_batch_size", "max_batch_size", "target_similarity")
 TRAIN_RUN = "train"
 EVAL_RUN = "eval"
 TRAIN_LOSS = "loss"
-# Written into the eval run at each evaluation by `experiment.run`: seconds spent
+# Written into the eval run at each evaluation by `tf_adabatch.app.run`: seconds spent
 # training so far in that process, evaluations excluded (time to accuracy).
 TRAIN_SECONDS = "adabatch/train_seconds"
 

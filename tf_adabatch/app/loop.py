@@ -46,8 +46,8 @@ import ml_collections
 import tensorflow as tf
 
 from tf_adabatch import policies, summaries
-from tf_adabatch.data import pipeline
-from tf_adabatch.models import MODELS, build_model
+from tf_adabatch.app.data import pipeline
+from tf_adabatch.app.models import MODELS, build_model
 from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
 from tf_adabatch.trainer import Trainer
 
@@ -430,7 +430,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     >>> validate_config(config)
     Traceback (most recent call last):
     ...
-    tf_adabatch.experiment.ConfigError: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3
+    tf_adabatch.app.loop.ConfigError: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3
     """
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(

@@ -4,13 +4,13 @@
 of Debian's ``dataset-fashion-mnist`` by the TFDS builder `AdabatchFashionMnist`; `parse_idx`
 reads one IDX file.
 
->>> from tf_adabatch import data
+>>> from tf_adabatch.app import data
 >>> data.__all__
 ['AdabatchFashionMnist', 'load', 'parse_idx']
 >>> data.load.__module__
-'tf_adabatch.data.fashion_mnist'
+'tf_adabatch.app.data.fashion_mnist'
 """
 
-from tf_adabatch.data.fashion_mnist import AdabatchFashionMnist, load, parse_idx
+from tf_adabatch.app.data.fashion_mnist import AdabatchFashionMnist, load, parse_idx
 
 __all__ = ["AdabatchFashionMnist", "load", "parse_idx"]

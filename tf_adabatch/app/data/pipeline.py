@@ -71,7 +71,7 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
 
     Cached per process (the arrays are shared: do not modify them).
 
-    - "fashion_mnist": 60k/10k, through the offline TFDS builder (`tf_adabatch.data`).
+    - "fashion_mnist": 60k/10k, through the offline TFDS builder (`tf_adabatch.app.data`).
     - "digits": scikit-learn's 1,797 8x8 digits, split 1,497/300 with `seed`.
     - "synthetic": 4,096/1,024 random 8x8 images whose label is a fixed linear rule
       (learnable, noisy enough for the statistics), for tests.
@@ -85,7 +85,7 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
     if name not in DATASETS:
         raise ValueError(f"Argument `name` must be one of {DATASETS}. Received: name={name!r}")
     if name == "fashion_mnist":
-        from tf_adabatch.data import fashion_mnist
+        from tf_adabatch.app.data import fashion_mnist
 
         def arrays(split: str) -> Arrays:
             images, labels = [], []
