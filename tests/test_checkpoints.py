@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from configs import synthetic
 from tf_adabatch import app
+from tf_adabatch.app import checkpoints
 
 
 def config(**overrides):
@@ -186,7 +187,7 @@ def test_checkpoints_without_a_fingerprint_still_refuse_a_state_that_does_not_fi
     app.run(
         config(**{"policy.kind": "noise_scale", "train.max_steps": 2}), str(tmp_path), verbose=0
     )
-    (tmp_path / "checkpoints" / app.loop.FINGERPRINT).unlink()
+    (tmp_path / "checkpoints" / checkpoints.FINGERPRINT).unlink()
     before = files(tmp_path / "checkpoints")
     with pytest.raises(app.ResumeError, match="does not fit this job's model"):
         app.run(config(), str(tmp_path), verbose=0)

@@ -249,6 +249,7 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
     process traces its first step again, so 7 + 3 = 10."""
     from configs import synthetic
     from tf_adabatch import app
+    from tf_adabatch.app import factories
 
     config = synthetic.get_config()
     config.strategy = "one_device"
@@ -257,7 +258,7 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
     config.train.checkpoint_every_steps = 4
     config.train.eval_every_base_epochs = 100.0
     app.validate_config(config)
-    policy = app.loop._policy(config)
+    policy = factories.make_policy(config)
     assert isinstance(policy, GoodputPolicy) and policy.variables == ()
     assert policy.base_batch_size == config.base_batch_size and policy.hysteresis == 0.05
 

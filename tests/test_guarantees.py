@@ -317,12 +317,12 @@ WORKER = """
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
-from tf_adabatch import app
+from tf_adabatch.app import workers
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 step = 10 + 5 * json.loads(os.environ["TF_CONFIG"])["task"]["index"]  # 10 and 15
 try:
-    app.loop._check_same_checkpoint(strategy, step)
-except app.WorkerLostError as err:
+    workers.check_same_checkpoint(strategy, step)
+except workers.WorkerLostError as err:
     print(err)
     sys.exit(4)
 """
@@ -330,7 +330,7 @@ except app.WorkerLostError as err:
 
 def test_workers_that_restored_different_checkpoints_stop_with_worker_lost_error(tmp_path) -> None:
     """Two real workers (MultiWorkerMirroredStrategy on 127.0.0.1) report steps 10 and 15:
-    both must refuse to train, naming the rule (the check `app.run` makes after a
+    both must refuse to train, naming the rule (the check `tf_adabatch.app.run` makes after a
     restore)."""
     from launch.multiworker import free_ports
 

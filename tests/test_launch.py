@@ -229,7 +229,7 @@ def test_mistyped_field_fails_with_a_suggestion(refusals) -> None:
 
 def test_bad_value_fails_with_one_clear_line(refusals) -> None:
     assert refused(refusals[1], "bad_value") == [
-        "error: Config `policy`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3"
+        "error: Config field `policy.target_similarity`: Argument `target_similarity` must be in (0, 1). Received: target_similarity=1.3"
     ]
 
 
@@ -258,17 +258,17 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
         (
             "lr.rule",
             "cubic",
-            r"Config field `lr.rule` must be one of \(.adascale., .sqrt., .linear., .none.\). Received: lr.rule=.cubic.",
+            r"Config field `lr.rule`: Argument `rule` must be one of \(.adascale., .sqrt., .linear., .none.\). Received: rule=.cubic.",
         ),
         (
             "lr.gain_power",
             2.0,
-            r"Config `lr`: Argument `gain_power` must be in \(0, 1\]. Received: gain_power=2.0",
+            r"Config field `lr.gain_power`: Argument `gain_power` must be in \(0, 1\]. Received: gain_power=2.0",
         ),
         (
             "policy.min_batch_size",
             4096,
-            r"Config `policy`: Argument `min_batch_size` must be <= `max_batch_size`",
+            r"Config field `policy.min_batch_size`: Argument `min_batch_size` must be <= `max_batch_size`",
         ),
         (
             "policy.max_batch_size",

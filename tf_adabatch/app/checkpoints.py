@@ -1,0 +1,303 @@
+"""Checkpoints of a job's workdir: finding, restoring, checking and repairing them.
+
+Resuming takes the newest checkpoint that reads back intact (not what the `checkpoint`
+state file says): a damaged newer one is renamed `ckpt-N.damaged-<time>.*` with a
+one-line warning, never deleted or overwritten; if checkpoints exist but none is
+readable, or `fingerprint.json` shows another job wrote them, the resume stops with
+`ResumeError` rather than start over. A kill during a save leaves `ckpt-N_temp*`
+files, never recorded: `clean_temporaries` removes them before a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+__all__ = [
+    "FINGERPRINT",
+    "ResumeError",
+    "check_fingerprint",
+    "checkpoint_numbers",
+    "clean_temporaries",
+    "fingerprint",
+    "restore_newest_readable",
+    "write_fingerprint",
+]
+
+
+class ResumeError(RuntimeError):
+    """The workdir's checkpoints cannot be resumed: none is readable, or another job wrote them.
+
+    >>> issubclass(ResumeError, RuntimeError)
+    True
+    """
+
+
+# A checkpoint's own files (a kill during a save leaves `ckpt-N_temp*` instead).
+_CKPT_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-\d+-of-\d+)$")
+FINGERPRINT = "fingerprint.json"
+
+
+def checkpoint_numbers(directory: str) -> list[int]:
+    """Numbers of the checkpoints with any file in `directory`, newest first.
+
+    Read from the files themselves, not the `checkpoint` state file (which can be
+    damaged, or name a checkpoint whose files are damaged).
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> for name in ("ckpt-2.index", "ckpt-10.data-00000-of-00001", "ckpt-3_temp", "checkpoint"):
+    ...     open(os.path.join(directory, name), "w").close()
+    >>> checkpoint_numbers(directory)
+    [10, 2]
+    """
+    if not os.path.isdir(directory):
+        return []
+    found = {int(m.group(1)) for name in os.listdir(directory) if (m := _CKPT_FILE.match(name))}
+    return sorted(found, reverse=True)
+
+
+def clean_temporaries(directory: str) -> None:
+    """Removes what a kill during a save left behind (`ckpt-N_temp*`, never recorded).
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(directory, "ckpt-3_temp", "part-0"))
+    >>> open(os.path.join(directory, "ckpt-2.index"), "w").close()
+    >>> clean_temporaries(directory)
+    >>> os.listdir(directory)
+    ['ckpt-2.index']
+    """
+    if not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if re.match(r"^ckpt-\d+_temp", name):
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                os.remove(path)
+
+
+def _short(err: BaseException) -> str:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first[:160]}"
+
+
+def _read_every_tensor(prefix: str) -> None:
+    """Opens the checkpoint and reads every tensor (the bundle reader checks each checksum)."""
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+
+
+def _move_aside(directory: str, number: int, stamp: str) -> str:
+    """Renames ckpt-N's files to ckpt-N.damaged-<stamp>.* (kept, never reused or deleted)."""
+    for name in os.listdir(directory):
+        m = _CKPT_FILE.match(name)
+        if m and int(m.group(1)) == number:
+            new = f"ckpt-{number}.damaged-{stamp}.{m.group(2)}"
+            os.replace(os.path.join(directory, name), os.path.join(directory, new))
+    return f"ckpt-{number}.damaged-{stamp}.*"
+
+
+def restore_newest_readable(
+    checkpoint: tf.train.Checkpoint, directory: str, *, repair: bool = True
+) -> tuple[str | None, list[str]]:
+    """Restores the newest checkpoint in `directory` that reads back intact.
+
+    The candidates are the `ckpt-N.*` files themselves, newest first (the `checkpoint`
+    state file is not trusted). A checkpoint is intact if every tensor reads back
+    (checksums included) and the restore succeeds. With `repair`, the damaged newer
+    ones are renamed `ckpt-N.damaged-<time>.*` (never deleted, and their numbers free
+    for new saves) and the state file is rewritten to the intact ones, so that a
+    `CheckpointManager` created afterwards neither deletes nor overwrites anything
+    it could not read.
+
+    Args:
+      checkpoint: the objects to restore into.
+      directory: a `CheckpointManager` directory.
+      repair: rename damaged checkpoints and rewrite the state file (the chief only).
+
+    Returns:
+      (the restored prefix or None if there is no checkpoint, one note per damaged
+      checkpoint passed over).
+
+    Raises:
+      ResumeError: checkpoints exist but none is readable (nothing is renamed then),
+        or one does not fit `checkpoint` (another job's).
+
+    Example (the newest checkpoint's index is lost; the older one is restored):
+
+    >>> import tempfile
+    >>> v = tf.Variable(0.0)
+    >>> manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), tempfile.mkdtemp(), 3)
+    >>> _ = v.assign(1.0); _ = manager.save(1); _ = v.assign(2.0); path = manager.save(2)
+    >>> os.remove(path + ".index")
+    >>> prefix, notes = restore_newest_readable(tf.train.Checkpoint(v=v), manager.directory)
+    >>> os.path.basename(prefix), float(v.numpy()), len(notes)
+    ('ckpt-1', 1.0, 1)
+    """
+    numbers = checkpoint_numbers(directory)
+    damaged: list[tuple[int, str]] = []
+    for number in numbers:
+        prefix = os.path.join(directory, f"ckpt-{number}")
+        try:
+            if not tf.io.gfile.exists(prefix + ".index"):
+                raise FileNotFoundError(f"{prefix}.index is missing")
+            # Any failure to read a file back means it is damaged (the reader raises
+            # OpErrors, but also IndexError for a truncated data file).
+            _read_every_tensor(prefix)
+        except Exception as err:
+            damaged.append((number, _short(err)))
+            continue
+        try:
+            checkpoint.restore(prefix).assert_existing_objects_matched()
+        except (tf.errors.OpError, IndexError) as err:  # read back above: rare
+            damaged.append((number, _short(err)))
+            continue
+        except (AssertionError, ValueError) as err:
+            raise ResumeError(
+                f"Cannot resume from {prefix}: it does not fit this job's model or "
+                f"optimizer ({_short(err)}). Use a new --workdir, or the config it was written with."
+            ) from err
+        notes = []
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for bad, reason in damaged:
+            moved = _move_aside(directory, bad, stamp) if repair else "left in place"
+            notes.append(f"ckpt-{bad} is damaged ({reason}); {moved}")
+        if repair:
+            _write_state_file(directory, [n for n in sorted(numbers) if n <= number])
+        return prefix, notes
+    if damaged:
+        listing = "; ".join(f"ckpt-{n}: {reason}" for n, reason in damaged)
+        raise ResumeError(
+            f"No readable checkpoint in {directory} (all left in place): {listing}. "
+            "Restore them from a backup, or use a new --workdir to start over."
+        )
+    return None, []
+
+
+def _write_state_file(directory: str, numbers: list[int]) -> None:
+    """Rewrites the `checkpoint` state file (a text CheckpointState proto) atomically.
+
+    The newest of `numbers` becomes the latest; all get their index file's time, after
+    `last_preserved_timestamp`, so that a `CheckpointManager` manages (and, past
+    `max_to_keep`, deletes) them as if it had saved them.
+    """
+    times = [os.path.getmtime(os.path.join(directory, f"ckpt-{n}.index")) for n in numbers]
+    times = [min(t, time.time()) for t in times]
+    lines = [f'model_checkpoint_path: "ckpt-{numbers[-1]}"']
+    lines += [f'all_model_checkpoint_paths: "ckpt-{n}"' for n in numbers]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in times]
+    lines.append(f"last_preserved_timestamp: {min(times) - 1.0!r}")
+    tmp = os.path.join(directory, f"checkpoint.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, os.path.join(directory, "checkpoint"))
+
+
+def fingerprint(
+    config: ml_collections.ConfigDict, model: keras.Model, num_classes: int
+) -> dict[str, Any]:
+    """What a resumed job must share with the one that wrote the checkpoints.
+
+    Not in it (resuming may change them): replicas, workers, micro-batch size, policy
+    bounds and targets, learning rate and schedule, evaluation settings, max_steps.
+
+    >>> from configs import synthetic
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="out")])
+    >>> fingerprint(synthetic.get_config(), model, 2)["variables"]
+    ['kernel(3, 2)', 'bias(2,)']
+    """
+    return {
+        "model": config.model,
+        "dataset": config.dataset,
+        "seed": int(config.seed),
+        "num_classes": int(num_classes),
+        "input_shape": [int(d) for d in model.inputs[0].shape[1:]],
+        "loss": "sparse_categorical_crossentropy(from_logits=True)",
+        "optimizer": "SGD with momentum" if config.optimizer.momentum else "SGD",
+        "policy.kind": config.policy.kind,
+        # In order, short names (layer names get process-dependent suffixes).
+        "variables": [f"{v.name}{tuple(int(d) for d in v.shape)}" for v in model.weights],
+    }
+
+
+def check_fingerprint(directory: str, current: dict[str, Any]) -> None:
+    """Refuses a resume whose fingerprint differs from the stored one (one line).
+
+    Raises:
+      ResumeError: naming every field that differs.
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> write_fingerprint(directory, {"seed": 0, "model": "mlp"})
+    >>> check_fingerprint(directory, {"seed": 0, "model": "mlp"})  # the same job: fine
+    >>> check_fingerprint(directory, {"seed": 1, "model": "mlp"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tf_adabatch.app.checkpoints.ResumeError: Cannot resume from ...: another job wrote it; differing fields: seed 0 (checkpoint) vs 1 (now). ...
+    """
+    path = os.path.join(directory, FINGERPRINT)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+    except FileNotFoundError:
+        return  # written before fingerprints existed: the restore checks the shapes
+    except (OSError, ValueError) as err:
+        print(f"warning: ignoring unreadable {path} ({_short(err)})", file=sys.stderr)
+        return
+    differ = []
+    for key, value in current.items():
+        if stored.get(key) != value:
+            if key == "variables":
+                old = list(stored.get(key) or [])
+                first = next(
+                    (
+                        i
+                        for i, pair in enumerate(zip(old, value, strict=False))
+                        if len(set(pair)) > 1
+                    ),
+                    min(len(old), len(value)),
+                )
+                differ.append(
+                    f"variables ({len(old)} in the checkpoint, {len(value)} now; the first "
+                    f"difference at #{first}: {[*old, '-'][first]} vs {[*value, '-'][first]})"
+                )
+            else:
+                differ.append(f"{key} {stored.get(key)!r} (checkpoint) vs {value!r} (now)")
+    if differ:
+        raise ResumeError(
+            f"Cannot resume from {directory}: another job wrote it; differing fields: "
+            f"{'; '.join(differ)}. Use a new --workdir, or the config it was written with."
+        )
+
+
+def write_fingerprint(directory: str, current: dict[str, Any]) -> None:
+    """Writes `directory/fingerprint.json` atomically (a kill leaves the old one or the new).
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> write_fingerprint(directory, {"seed": 0})
+    >>> sorted(os.listdir(directory))
+    ['fingerprint.json']
+    """
+    _write_json_atomically(os.path.join(directory, FINGERPRINT), current)
+
+
+def _write_json_atomically(path: str, value: Any) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

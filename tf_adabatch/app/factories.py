@@ -1,0 +1,222 @@
+"""From a config to the objects of one job: strategy, durations, model, policy, optimizer.
+
+Each factory reads its config fields in one place; the policy and the learning rate are
+built from a table `argument -> config field` (`POLICY_ARGUMENTS`, `SCHEDULE_ARGUMENTS`),
+so that `validate_config` can report a library object's refusal against the field that
+caused it. No factory here runs a TensorFlow op before `make_strategy` (a process must
+create its strategy first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+from tf_adabatch import policies
+from tf_adabatch.app.models import build_model
+from tf_adabatch.schedules import AdaptiveLearningRate
+
+__all__ = [
+    "LR_SCHEDULES",
+    "POLICIES",
+    "POLICY_ARGUMENTS",
+    "SCHEDULE_ARGUMENTS",
+    "STRATEGIES",
+    "Durations",
+    "field",
+    "make_model",
+    "make_optimizer",
+    "make_policy",
+    "make_schedule",
+    "make_strategy",
+]
+
+STRATEGIES = ("mirrored", "one_device", "multi_worker", "tpu")
+
+_BOUNDS = {
+    "initial_batch_size": "policy.initial_batch_size",
+    "min_batch_size": "policy.min_batch_size",
+    "max_batch_size": "policy.max_batch_size",
+}
+# policy.kind -> (the class, its keyword argument -> the config field that sets it).
+POLICY_ARGUMENTS: dict[str, tuple[type[policies.BatchPolicy], dict[str, str]]] = {
+    "static": (policies.StaticPolicy, {"batch_size": "policy.initial_batch_size"}),
+    "simigrad": (
+        policies.SimiGradPolicy,
+        {
+            "target_similarity": "policy.target_similarity",
+            "step": "policy.step",
+            "interval": "policy.interval",
+            "smoothing": "policy.smoothing",
+            **_BOUNDS,
+        },
+    ),
+    "noise_scale": (policies.NoiseScalePolicy, {"factor": "policy.factor", **_BOUNDS}),
+    "goodput": (
+        policies.GoodputPolicy,
+        {"base_batch_size": "base_batch_size", "hysteresis": "policy.hysteresis", **_BOUNDS},
+    ),
+}
+POLICIES = tuple(POLICY_ARGUMENTS)
+
+# `AdaptiveLearningRate`'s arguments -> the config fields that set them.
+SCHEDULE_ARGUMENTS = {
+    "base": "optimizer.learning_rate",
+    "rule": "lr.rule",
+    "gain_power": "lr.gain_power",
+    "warmup_steps": "lr.warmup_base_epochs",
+}
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def field(config: ml_collections.ConfigDict, name: str) -> Any:
+    """The value of a dotted config field.
+
+    >>> field(ml_collections.ConfigDict({"policy": {"kind": "static"}}), "policy.kind")
+    'static'
+    """
+    node = config
+    for key in name.split("."):
+        node = node[key]
+    return node
+
+
+@dataclasses.dataclass(frozen=True)
+class Durations:
+    """The config's durations in optimizer steps of the base batch, converted in one place.
+
+    Attributes:
+      base_steps: the base schedule's length (`train.base_epochs` at `base_batch_size`);
+        training ends when the progress τ reaches it.
+      eval_every: progress between evaluations (`train.eval_every_base_epochs`).
+
+    >>> from configs import base
+    >>> config = base.get_config()  # 10 base epochs, base batch 128, evaluate every epoch
+    >>> Durations.of(config, num_examples=1280)
+    Durations(base_steps=100, eval_every=10.0)
+    """
+
+    base_steps: int
+    eval_every: float
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, num_examples: int) -> Durations:
+        b0 = config.base_batch_size
+        return cls(
+            base_steps=max(1, math.ceil(config.train.base_epochs * num_examples / b0)),
+            eval_every=config.train.eval_every_base_epochs * num_examples / b0,
+        )
+
+
+def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    """The strategy named by `config.strategy` (call before any other TensorFlow op).
+
+    "mirrored" uses all local GPUs, or `num_cpu_replicas` logical CPU devices when
+    there are none; "multi_worker" reads TF_CONFIG; "tpu" connects to the local TPU.
+
+    >>> from configs import base
+    >>> config = base.get_config()
+    >>> config.strategy = "one_device"
+    >>> make_strategy(config).num_replicas_in_sync
+    1
+    """
+    kind = config.strategy
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if kind == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_physical_devices("GPU")
+    if kind == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if gpus:
+        return tf.distribute.MirroredStrategy()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    n = config.num_cpu_replicas
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * n
+        )
+    except RuntimeError as err:  # already initialised: fine if there are enough devices
+        if len(tf.config.list_logical_devices("CPU")) < n:
+            raise RuntimeError(
+                f"Cannot create {n} logical CPU devices: TensorFlow was initialised "
+                "before `make_strategy`. Call it first in the process."
+            ) from err
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def make_model(
+    config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int
+) -> keras.Model:
+    """The classifier `config.model` for inputs of `input_shape` (call in the strategy scope).
+
+    Raises:
+      ValueError: the model cannot take such inputs (e.g. the CNN's poolings on 4x4).
+
+    >>> from configs import synthetic
+    >>> make_model(synthetic.get_config(), (8, 8, 1), 10).output_shape
+    (None, 10)
+    """
+    return build_model(config.model, input_shape, num_classes, seed=config.seed)
+
+
+def make_policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
+    """The batch-size policy `config.policy.kind`, from the fields in `POLICY_ARGUMENTS`.
+
+    Raises:
+      ValueError, TypeError: the policy refuses an argument (its message names it).
+
+    >>> from configs import base
+    >>> type(make_policy(base.get_config())).__name__
+    'SimiGradPolicy'
+    """
+    cls, arguments = POLICY_ARGUMENTS[config.policy.kind]
+    return cls(**{name: field(config, source) for name, source in arguments.items()})
+
+
+def make_schedule(config: ml_collections.ConfigDict, base_steps: int) -> AdaptiveLearningRate:
+    """The learning rate: `lr.schedule` of `optimizer.learning_rate` under the `lr.rule`.
+
+    Args:
+      config: the job's config.
+      base_steps: the base schedule's length (`Durations.base_steps`).
+
+    Raises:
+      ValueError, TypeError: the rule refuses an argument (its message names it).
+
+    >>> from configs import base
+    >>> make_schedule(base.get_config(), base_steps=100).rule
+    'adascale'
+    """
+    lr = config.optimizer.learning_rate
+    base: float | keras.optimizers.schedules.LearningRateSchedule = lr
+    if config.lr.schedule == "cosine":
+        base = keras.optimizers.schedules.CosineDecay(lr, decay_steps=base_steps)
+    warmup = round(config.lr.warmup_base_epochs * base_steps / config.train.base_epochs)
+    return AdaptiveLearningRate(
+        base, config.lr.rule, gain_power=config.lr.gain_power, warmup_steps=warmup
+    )
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict, base_steps: int
+) -> keras.optimizers.Optimizer:
+    """SGD (`optimizer.momentum`, `optimizer.nesterov`) on `make_schedule`'s learning rate.
+
+    >>> from configs import base
+    >>> type(make_optimizer(base.get_config(), base_steps=100)).__name__
+    'SGD'
+    """
+    return keras.optimizers.SGD(
+        make_schedule(config, base_steps),
+        momentum=config.optimizer.momentum,
+        nesterov=config.optimizer.nesterov,
+    )
