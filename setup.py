@@ -1,8 +1,20 @@
-"""Installs tf_adabatch. `pip install -e .` for use, `pip install -e '.[test]'` to develop."""
+"""Installs tf_adabatch. `pip install -e .` for the library (TensorFlow, Keras, TensorBoard),
+`pip install -e '.[launch]'` for the application too (configs, launch/), `pip install -e '.[test]'`
+to develop."""
 
 from pathlib import Path
 
 from setuptools import find_packages, setup
+
+# What the application needs beyond the core library (listed again in `bench` and `test`:
+# an extra cannot reliably require another).
+LAUNCH = [
+    "absl-py>=2.0",
+    "ml-collections>=0.1.1",
+    "tensorflow-datasets>=4.9",
+    # tfds 4.9.x needs it for a custom builder's download_and_prepare on 3.11.
+    "importlib_resources>=6",
+]
 
 setup(
     name="tf_adabatch",
@@ -21,16 +33,14 @@ setup(
         "keras>=3.3,<3.16",
         # TF 2.21 no longer installs TensorBoard; tf.summary needs it.
         "tensorboard>=2.16",
-        "absl-py>=2.0",
-        "ml-collections>=0.1.1",
-        "tensorflow-datasets>=4.9",
-        # tfds 4.9.x needs it for a custom builder's download_and_prepare on 3.11.
-        "importlib_resources>=6",
     ],
     extras_require={
+        # The application (tf_adabatch.app, configs/, launch/): configs, flags, datasets.
+        "launch": LAUNCH,
         # launch/benchmark_efficiency.py draws its plots with matplotlib.
-        "bench": ["matplotlib>=3.7"],
+        "bench": [*LAUNCH, "matplotlib>=3.7"],
         "test": [
+            *LAUNCH,
             "pytest>=8",
             "matplotlib>=3.7",  # the benchmark smoke test
             "hypothesis>=6.100",

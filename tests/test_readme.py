@@ -22,6 +22,8 @@ def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one() ->
     assert len(setup) == 2
     main_job, tests = setup
     assert "launch/train.py --config=configs/fashion_mnist.py" in main_job
+    # The application's dependencies are an extra: the bare install could not run it.
+    assert 'pip install -e ".[launch]"' in main_job
     assert "pytest" in tests
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert tests in ci.splitlines()
