@@ -37,6 +37,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
 from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
@@ -69,51 +70,12 @@ _ON_READ = {
 }
 
 
-class _AllReduceBypass:
-    """Makes a Keras optimizer's internal gradient all-reduce the identity, on demand.
-
-    Keras 3's TF optimizer all-reduces the gradients inside `apply_gradients`
-    (`TFOptimizer._backend_update_step` -> `_all_reduce_sum_gradients`). The engine has
-    already all-reduced them, so it switches that step off while it applies (the switch
-    is flipped around the `strategy.run` call, at trace time). Keras has no public
-    switch; `tests/test_keras_private.py` pins this behaviour.
-    """
-
-    def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
-        self.active = False
-        for opt in _optimizer_chain(optimizer):
-            original = getattr(opt, "_all_reduce_sum_gradients", None)
-            if original is None:
-                raise RuntimeError(
-                    "tf_adabatch needs Keras's TF optimizer method "
-                    "`_all_reduce_sum_gradients`, which this Keras version "
-                    f"({keras.__version__}) does not have. Use a supported Keras "
-                    "version (see setup.py)."
-                )
-            opt._all_reduce_sum_gradients = self._wrap(original)
-
-    def _wrap(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def all_reduce_sum_gradients(grads_and_vars: Any) -> Any:
-            if self.active:
-                return list(grads_and_vars)
-            return original(grads_and_vars)
-
-        return all_reduce_sum_gradients
-
-
 class NonFiniteGradientsError(RuntimeError):
     """Too many optimizer steps in a row had non-finite gradients.
 
     >>> issubclass(NonFiniteGradientsError, RuntimeError)
     True
     """
-
-
-def _optimizer_chain(optimizer: Any) -> list[Any]:
-    chain = [optimizer]
-    while getattr(chain[-1], "inner_optimizer", None) is not None:
-        chain.append(chain[-1].inner_optimizer)
-    return chain
 
 
 def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -191,22 +153,6 @@ def _micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     """First local replica's value: identical on all replicas by construction."""
     return strategy.experimental_local_results(value)[0]
-
-
-def _tf_variable(variable: Any) -> Any:
-    """The `tf.Variable` behind a Keras variable (itself for a `tf.Variable`).
-
-    Keras 3's TensorFlow backend keeps it as the variable's `value` (outside an
-    autocast scope); pinned by tests/test_keras_private.py.
-    """
-    if isinstance(variable, tf.Variable):
-        return variable
-    value = getattr(variable, "value", None)
-    if not isinstance(value, tf.Variable):
-        raise TypeError(
-            f"Expected a Keras or TensorFlow variable backed by a `tf.Variable`. Received: {variable!r}"
-        )
-    return value
 
 
 class _Rollback:
@@ -296,7 +242,7 @@ class _Rollback:
 def _unique(variables: list[Any]) -> list[Any]:
     unique: dict[int, Any] = {}
     for v in variables:
-        tv = _tf_variable(v)
+        tv = seams.tf_variable(v)
         unique.setdefault(id(tv), tv)
     return list(unique.values())
 
@@ -469,13 +415,12 @@ class AdaptiveEngine:
             )
             # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
             self._scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
-        self._bypass = _AllReduceBypass(optimizer)
+        self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
-        # state. Keras keeps the schedule in the private `_learning_rate` (pinned by
-        # tests/test_keras_private.py).
+        # state.
         self.lr_schedule: AdaptiveLearningRate | None = None
-        for opt in _optimizer_chain(optimizer):
-            schedule = getattr(opt, "_learning_rate", None)
+        for opt in seams.optimizer_chain(optimizer):
+            schedule = seams.learning_rate_schedule(opt)
             if isinstance(schedule, AdaptiveLearningRate):
                 schedule.bind(
                     self.state,
@@ -492,12 +437,12 @@ class AdaptiveEngine:
         # optimizer's and the adaptive state's only when the *update* was not finite
         # (on a non-finite gradient, a loss-scale optimizer lowers its scale, which
         # must stick).
-        trainable = {id(_tf_variable(v)) for v in model.trainable_variables}
-        optimizer_variables = [v for opt in _optimizer_chain(optimizer) for v in opt.variables]
+        trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
+        optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
         self._rollback = _Rollback(
             self.strategy,
             local=[
-                *(v for v in model.variables if id(_tf_variable(v)) not in trainable),
+                *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
                 *self._prev,
             ],
             mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
@@ -676,15 +621,10 @@ class AdaptiveEngine:
     def _extra_losses(self) -> tf.Tensor:
         """Activity / `add_loss` losses of the last forward pass, without weight regularizers.
 
-        Keras 3 lists a model's `losses` as its own and its sublayers' added losses
-        followed by one loss per regularized trainable weight (pinned by
-        `tests/test_keras_private.py`). Weight regularizers are applied once per step
-        in `_apply_step` instead: they are the same for every micro-batch and would
-        inflate the groups' similarity.
+        Weight regularizers are applied once per step in `_apply_step` instead: they are
+        the same for every micro-batch and would inflate the groups' similarity.
         """
-        losses = self.model.losses
-        n_weight = sum(1 for v in self._variables if getattr(v, "regularizer", None) is not None)
-        extra = losses[: len(losses) - n_weight]
+        extra = seams.added_losses(self.model, self._variables)
         if not extra:
             return tf.constant(0.0, tf.float32)
         return tf.add_n([tf.cast(x, tf.float32) for x in extra])

@@ -13,10 +13,8 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
-from keras.src.losses.losses import LossFunctionWrapper
-from keras.src.trainers.compile_utils import get_metric
 
+from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.policies import BatchPolicy
@@ -380,14 +378,14 @@ class Trainer:
                         "weighted_metrics", weighted_metrics, y, y_pred, strategy, weighted=True
                     ),
                 ]
-            loss_obj = _reducing_loss(engine._loss_fn)
+            loss_obj = seams.reducing_loss(engine._loss_fn)
 
             def replica_step(data: Any) -> None:
                 x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
                 y_pred = model(x, training=False)
                 # Keras's test step: the Loss reduces per replica and divides by the
                 # replica count; undo that, add the model's losses, weight by the batch.
-                loss = unscale_loss_for_distribution(
+                loss = seams.undo_replica_scaling(
                     tf.cast(loss_obj(y, y_pred, sample_weight=sample_weight), tf.float32)
                 )
                 for extra in model.losses:
@@ -549,7 +547,7 @@ def _resolve_metrics(
         elif isinstance(spec, keras.metrics.Metric):
             metric = _in_scope(spec, strategy, argument)
         elif isinstance(spec, str) or callable(spec):
-            metric = get_metric(spec, y_true, y_pred)
+            metric = seams.resolve_metric(spec, y_true, y_pred)
         else:
             raise TypeError(
                 f"Argument `{argument}` must hold metric names, `keras.metrics.Metric` or "
@@ -578,19 +576,6 @@ def _in_scope(
             "and cannot be re-created from its config there; create it inside the "
             f"scope. Received: {metric!r} ({error})"
         ) from error
-
-
-def _reducing_loss(per_example: Any) -> keras.losses.Loss:
-    """The Keras `Loss` behind the engine's per-example loss function.
-
-    The engine keeps a `Loss` object's unreduced `call`; evaluation needs the object
-    itself (its reduction, sample weighting and masking). A function is wrapped as
-    `compile` wraps it (`LossFunctionWrapper`, which also accepts a scalar return).
-    """
-    owner = getattr(per_example, "__self__", None)
-    if isinstance(owner, keras.losses.Loss):
-        return owner
-    return LossFunctionWrapper(per_example)
 
 
 def _to_float(value: Any) -> Any:
