@@ -37,13 +37,22 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+# typing_extensions comes with TensorFlow; `Unpack` / `Required` for Python 3.10.
+from typing_extensions import Required, TypedDict, Unpack
+
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
 from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
-__all__ = ["SIMILARITY_MODES", "AdaptiveEngine", "NonFiniteGradientsError"]
+__all__ = [
+    "SIMILARITY_MODES",
+    "AdaptiveEngine",
+    "EngineOptions",
+    "NonFiniteGradientsError",
+    "resolve_options",
+]
 
 SIMILARITY_MODES = ("exact", "estimated")
 # The step function's progress increment, popped from its logs by `train_step` (it
@@ -68,6 +77,75 @@ _ON_READ = {
     "aggregation": tf.VariableAggregation.SUM,
     "trainable": False,
 }
+
+
+class EngineOptions(TypedDict, total=False):
+    """The adaptive engine's options: one definition for every front door.
+
+    `AdaptiveEngine`, `Trainer` and `attach` take these as keyword arguments (checked
+    once, by the engine):
+
+      micro_batch_size: m, examples per replica per micro-step (required, fixed).
+      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
+        Defaults to the policy's initial batch size.
+      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
+      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
+        "estimated" (from the step's own scalar moments, no extra communication;
+        like the exact cosine, a per-step reading with no memory) or "auto"
+        (default): exact with two or more replicas, estimated with one (where exact
+        needs k >= 2 micro-steps, which the default policy does not give).
+      ema_decay: decay of the moving averages behind the gain and the noise scale
+        (not the similarity); `None` (default) uses fairscale's max(1 - n/1000, 0)
+        with n the micro-gradients of the step.
+      min_variance: per-step floor of tr(Sigma)/B0 (default fairscale's 1e-6).
+      jit_compile: XLA-compile the replica functions (the micro-step always; the
+        reduce and apply steps too on a single replica). Default False.
+      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
+        (non-finite) steps in a row (default 100); None never stops.
+
+    >>> sorted(resolve_options({"micro_batch_size": 8}).items())[:3]
+    [('base_batch_size', None), ('ema_decay', None), ('jit_compile', False)]
+    """
+
+    micro_batch_size: Required[int]
+    base_batch_size: int | None
+    policy: BatchPolicy | None
+    similarity: str
+    ema_decay: float | None
+    min_variance: float
+    jit_compile: bool
+    max_consecutive_skips: int | None
+
+
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "base_batch_size": None,
+    "policy": None,
+    "similarity": "auto",
+    "ema_decay": None,
+    "min_variance": 1e-6,
+    "jit_compile": False,
+    "max_consecutive_skips": 100,
+}
+
+
+def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str, Any]:
+    """Every `EngineOptions` key with its value or default; unknown or missing ones refused.
+
+    >>> resolve_options({"micro_batch_size": 8, "batch": 4})
+    Traceback (most recent call last):
+    ...
+    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
+    """
+    known = EngineOptions.__annotations__
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {name!r}; its options are "
+                f"{', '.join(sorted(known))} (tf_adabatch.EngineOptions)."
+            )
+    if "micro_batch_size" not in options:
+        raise TypeError(f"{caller}() missing required keyword argument: 'micro_batch_size'")
+    return {**_OPTION_DEFAULTS, **options}
 
 
 class NonFiniteGradientsError(RuntimeError):
@@ -259,24 +337,10 @@ class AdaptiveEngine:
         gradient. A `keras.optimizers.LossScaleOptimizer` (`mixed_float16`) works:
         the statistics see unscaled gradients, and the steps it skips on overflow are
         skipped steps here (they change no statistic, average or batch size).
-      micro_batch_size: m, examples per replica per micro-step (fixed).
-      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
-        Defaults to the policy's initial batch size.
-      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
-        "estimated" (from the step's own scalar moments, no extra communication;
-        like the exact cosine, a per-step reading with no memory) or "auto"
-        (default): exact with two or more replicas, estimated with one (where exact
-        needs k >= 2 micro-steps, which the default policy does not give).
-      ema_decay: decay of the moving averages behind the gain and the noise scale
-        (not the similarity); `None` uses fairscale's max(1 - n/1000, 0) with n the
-        micro-gradients of the step.
-      min_variance: per-step floor of tr(Sigma)/B0 (fairscale's 1e-6).
-      jit_compile: XLA-compile the replica functions (the micro-step always; the
-        reduce and apply steps too on a single replica).
-      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
-        (non-finite) steps in a row; None never stops.
       strategy: defaults to the current `tf.distribute` strategy.
+      **options: the engine's options, `EngineOptions` (`micro_batch_size` required;
+        `base_batch_size`, `policy`, `similarity`, `ema_decay`, `min_variance`,
+        `jit_compile`, `max_consecutive_skips`).
 
     Skipped steps: a step is skipped when its gradients or loss are not finite, or
     when its update leaves any weight, optimizer slot or model variable non-finite.
@@ -307,16 +371,15 @@ class AdaptiveEngine:
         *,
         loss: Any,
         optimizer: keras.optimizers.Optimizer,
-        micro_batch_size: int,
-        base_batch_size: int | None = None,
-        policy: BatchPolicy | None = None,
-        similarity: str = "auto",
-        ema_decay: float | None = None,
-        min_variance: float = 1e-6,
-        jit_compile: bool = False,
-        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
+        **options: Unpack[EngineOptions],
     ) -> None:
+        opts = resolve_options(options)
+        micro_batch_size = opts["micro_batch_size"]
+        base_batch_size, policy = opts["base_batch_size"], opts["policy"]
+        similarity, ema_decay = opts["similarity"], opts["ema_decay"]
+        min_variance, jit_compile = opts["min_variance"], opts["jit_compile"]
+        max_consecutive_skips = opts["max_consecutive_skips"]
         self.strategy = strategy or tf.distribute.get_strategy()
         unsupported = tuple(
             getattr(tf.distribute.experimental, name)

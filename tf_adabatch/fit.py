@@ -16,10 +16,10 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
-from tf_adabatch.engine import AdaptiveEngine
-from tf_adabatch.policies import BatchPolicy
+from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
 
 __all__ = ["LOGGED_KEYS", "attach"]
 
@@ -32,14 +32,7 @@ LOGGED_KEYS = ("batch_size", "gain", "similarity", "learning_rate", "progress")
 
 def attach(
     model: keras.Model,
-    *,
-    micro_batch_size: int,
-    base_batch_size: int | None = None,
-    policy: BatchPolicy | None = None,
-    similarity: str = "auto",
-    ema_decay: float | None = None,
-    jit_compile: bool = False,
-    max_consecutive_skips: int | None = 100,
+    **options: Unpack[EngineOptions],
 ) -> AdaptiveEngine:
     """Makes `model.fit` train with an adaptive batch size and the AdaScale statistics.
 
@@ -61,9 +54,9 @@ def attach(
 
     Args:
       model: a compiled, built Keras model with a single loss, not attached yet.
-      micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile,
-        max_consecutive_skips: as for `tf_adabatch.Trainer` (similarity "auto":
-        exact with two or more replicas, estimated with one).
+      **options: the engine's options, `tf_adabatch.EngineOptions`, as for
+        `tf_adabatch.Trainer` (`micro_batch_size` required; similarity "auto": exact
+        with two or more replicas, estimated with one).
 
     Returns:
       The engine. Its `state` and `policy` (batch size, gain, progress, moving
@@ -91,6 +84,7 @@ def attach(
     >>> history.history["batch_size"], int(engine.state.steps)  # 10 micro-batches, k = 2
     ([16.0, 16.0], 10)
     """
+    resolve_options(options, caller="attach")
     if getattr(model, "_adabatch_engine", None) is not None:
         raise ValueError(
             "Argument `model` is attached to tf_adabatch already; attach a model once. "
@@ -117,14 +111,8 @@ def attach(
         model,
         loss=loss,
         optimizer=model.optimizer,
-        micro_batch_size=micro_batch_size,
-        base_batch_size=base_batch_size,
-        policy=policy,
-        similarity=similarity,
-        ema_decay=ema_decay,
-        jit_compile=jit_compile,
-        max_consecutive_skips=max_consecutive_skips,
         strategy=strategy,
+        **options,
     )
     binding = _FitBinding(model, engine)
     engine.micro_step_hook = binding.update_metrics

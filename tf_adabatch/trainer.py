@@ -13,11 +13,11 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
-from tf_adabatch.engine import AdaptiveEngine
-from tf_adabatch.policies import BatchPolicy
+from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["Trainer"]
@@ -42,17 +42,13 @@ class Trainer:
       model: a built Keras model, created in the strategy's scope.
       loss: a Keras `Loss`, a loss name, or `(y_true, y_pred) -> per-example losses`.
       optimizer: any Keras optimizer (SGD, Adam, AdamW, ...), created in the scope.
-      micro_batch_size: examples per replica per micro-step.
-      base_batch_size: the batch the learning rate was tuned for; defaults to the
-        policy's initial batch size.
-      policy: a `tf_adabatch.policies.BatchPolicy`; default: static at one micro-step.
-      similarity: "exact", "estimated" or "auto" (default: exact with two or more
-        replicas, estimated with one; see `AdaptiveEngine`).
-      ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
-      jit_compile: XLA-compile the replica step.
-      max_consecutive_skips: stop with `NonFiniteGradientsError` after this many
-        skipped (non-finite) steps in a row; None never stops.
       strategy: defaults to the current strategy (`tf.distribute.get_strategy()`).
+      **options: the engine's options, `tf_adabatch.EngineOptions`: `micro_batch_size`
+        (examples per replica per micro-step; required), `base_batch_size` (the batch
+        the learning rate was tuned for; default the policy's initial batch),
+        `policy` (default: static at one micro-step), `similarity` ("exact",
+        "estimated" or "auto"), `ema_decay`, `min_variance`, `jit_compile`,
+        `max_consecutive_skips`.
 
     Raises:
       ValueError: for an invalid argument; the message names it, the rule and the value.
@@ -76,15 +72,10 @@ class Trainer:
         *,
         loss: Any,
         optimizer: keras.optimizers.Optimizer,
-        micro_batch_size: int,
-        base_batch_size: int | None = None,
-        policy: BatchPolicy | None = None,
-        similarity: str = "auto",
-        ema_decay: float | None = None,
-        jit_compile: bool = False,
-        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
+        **options: Unpack[EngineOptions],
     ) -> None:
+        resolve_options(options, caller="Trainer")
         strategy = strategy or tf.distribute.get_strategy()
         for v in model.trainable_variables:
             if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
@@ -97,14 +88,8 @@ class Trainer:
             model,
             loss=loss,
             optimizer=optimizer,
-            micro_batch_size=micro_batch_size,
-            base_batch_size=base_batch_size,
-            policy=policy,
-            similarity=similarity,
-            ema_decay=ema_decay,
-            jit_compile=jit_compile,
-            max_consecutive_skips=max_consecutive_skips,
             strategy=strategy,
+            **options,
         )
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
