@@ -32,7 +32,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -42,6 +42,14 @@ from typing_extensions import Required, TypedDict, Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
+from tf_adabatch.measure import (
+    SCOPES,
+    GroupMeasurement,
+    Reading,
+    make_measurement,
+    micro_scalars,
+    min_accumulation_steps,
+)
 from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
@@ -58,25 +66,7 @@ SIMILARITY_MODES = ("exact", "estimated")
 # The step function's progress increment, popped from its logs by `train_step` (it
 # gives progress_per_second without reading the progress variable before the step).
 _PROGRESS_INCREMENT = "_progress_increment"
-# Name scopes of the parts of one optimizer step, so that a profile (TensorBoard's trace
-# viewer, launch/profile_step.py) attributes every op to its part. They cost nothing at
-# run time.
-_SCOPES = {
-    "micro": "adabatch_micro_step",
-    "accumulate": "adabatch_accumulate",
-    "grad_allreduce": "adabatch_grad_allreduce",
-    "scalar_allreduce": "adabatch_scalar_allreduce",
-    "statistics": "adabatch_statistics",
-    "apply": "adabatch_apply",
-    "rollback": "adabatch_rollback",
-    "policy": "adabatch_policy",
-}
 _F64 = tf.float64
-_ON_READ = {
-    "synchronization": tf.VariableSynchronization.ON_READ,
-    "aggregation": tf.VariableAggregation.SUM,
-    "trainable": False,
-}
 
 
 class EngineOptions(TypedDict, total=False):
@@ -209,28 +199,19 @@ def weighted_losses(losses: tf.Tensor, sample_weight: Any) -> tf.Tensor:
     return losses * sw
 
 
-def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.Tensor) -> None:
-    """slot = values if `overwrite` else slot + values (one `tf.cond`, replica-local)."""
-
-    def assign() -> None:
-        for var, value in zip(slot, values, strict=True):
-            var.assign(value)
-
-    def add() -> None:
-        for var, value in zip(slot, values, strict=True):
-            var.assign_add(value)
-
-    tf.cond(overwrite, assign, add)
-
-
-def _micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
-    """[|g|^2, loss, 1] of one micro-step, float64 (the accumulated scalars)."""
-    return tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
-
-
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     """First local replica's value: identical on all replicas by construction."""
     return strategy.experimental_local_results(value)[0]
+
+
+class _Noise(NamedTuple):
+    """The noise statistics one step hands from the statistics to the policy and logs."""
+
+    gain: tf.Tensor
+    similarity: tf.Tensor
+    grad_sqr: tf.Tensor  # debiased moving average of |G|^2
+    trace_sigma: tf.Tensor  # debiased moving average of per-example tr(Sigma)
+    noise_scale: tf.Tensor
 
 
 class _Rollback:
@@ -446,7 +427,7 @@ class AdaptiveEngine:
         self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
         with self.strategy.scope():
             self.policy.build(self.num_replicas * micro_batch_size)
-        self._min_k = 2 if (self.num_replicas == 1 and similarity == "exact") else 1
+        self._min_k = min_accumulation_steps(similarity, self.num_replicas)
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
         if base_batch_size is not None:
             _check_positive_int("base_batch_size", base_batch_size)
@@ -456,28 +437,21 @@ class AdaptiveEngine:
 
         self._loss_fn = per_example_loss_fn(loss)
         self._variables = list(model.trainable_variables)
-        # Exact mode keeps two accumulators per replica when a replica's micro-steps
-        # fall into both groups (odd N, including N = 1); with even N a replica's
-        # micro-steps all fall into one group and a mask suffices.
-        self._two_slots = similarity == "exact" and self.num_replicas % 2 == 1
-        self._differenced = similarity == "estimated" and self.num_replicas == 1
         with self.strategy.scope():
             self.state = AdaptiveState(
                 accumulation_steps=k0, batch_unit=self.num_replicas * micro_batch_size
             )
             if not optimizer.built:
                 optimizer.build(self._variables)
-            self._acc = [self._zeros_like(v, "acc") for v in self._variables]
-            self._acc_odd = (
-                [self._zeros_like(v, "acc_odd") for v in self._variables] if self._two_slots else []
+            # The gradient groups' measurement of the similarity mode: its buffers,
+            # accumulate / reduce / interpret (tf_adabatch.measure).
+            self.measurement: GroupMeasurement = make_measurement(
+                similarity,
+                self._variables,
+                num_replicas=self.num_replicas,
+                micro_batch_size=micro_batch_size,
+                state=self.state,
             )
-            self._prev = (
-                [self._zeros_like(v, "prev_grad") for v in self._variables]
-                if self._differenced
-                else []
-            )
-            # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
-            self._scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
         self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
         # state.
@@ -506,7 +480,7 @@ class AdaptiveEngine:
             self.strategy,
             local=[
                 *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
-                *self._prev,
+                *self.measurement.carried_buffers,
             ],
             mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
             unchecked=list(self.state.variables),
@@ -519,7 +493,8 @@ class AdaptiveEngine:
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
         self._micro_fn = wrap(self._micro_step)
         single = self.num_replicas == 1
-        self._reduce_fn = wrap(self._reduce_step) if single else self._reduce_step
+        reduce = self.measurement.reduce
+        self._reduce_fn = wrap(reduce) if single else reduce
         # The last micro-step is fused with the reduce (which XLA compiles only on a
         # single replica: it holds the all-reduces); its forward and backward pass is
         # compiled on its own.
@@ -548,7 +523,31 @@ class AdaptiveEngine:
         estimated similarity); empty in every other mode (the accumulators are
         overwritten by each step's first micro-step and never need saving).
         """
-        return list(self._prev)
+        return self.measurement.carried_buffers
+
+    def adaptive_state(self) -> dict[str, Any]:
+        """Every piece of adaptive state, by part: the one list that checkpoints
+        (`Trainer.checkpoint`, the launcher's) and Keras saves under `attach` store.
+
+        - "state": the `AdaptiveState` (k, batch unit, counters, progress tau, gain,
+          similarity, the moving averages);
+        - "policy": the batch policy (its own variables; a `GoodputPolicy`'s
+          throughput model's timings);
+        - "carried": the measurement's carried buffers, only where it has some (one
+          replica, estimated similarity).
+
+        The learning-rate rule has no state of its own: it reads this state.
+
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                         micro_batch_size=4)
+        >>> sorted(engine.adaptive_state())  # one replica, estimated similarity
+        ['carried', 'policy', 'state']
+        """
+        parts: dict[str, Any] = {"state": self.state, "policy": self.policy}
+        if self.carried_buffers:
+            parts["carried"] = self.carried_buffers
+        return parts
 
     def smoothed_moments(self) -> S.NoiseMoments:
         """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
@@ -677,10 +676,6 @@ class AdaptiveEngine:
 
     # ------------------------------------------------------------- replica context
 
-    def _zeros_like(self, v: Any, prefix: str) -> tf.Variable:
-        name = f"{prefix}/{v.path}".replace(":", "_") if hasattr(v, "path") else prefix
-        return tf.Variable(tf.zeros(v.shape, dtype=v.dtype), name=name, **_ON_READ)
-
     def _extra_losses(self) -> tf.Tensor:
         """Activity / `add_loss` losses of the last forward pass, without weight regularizers.
 
@@ -694,12 +689,12 @@ class AdaptiveEngine:
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
         grads, data_loss = self._micro_gradients(data)
-        with tf.name_scope(_SCOPES["accumulate"]):
-            self._accumulate(grads, data_loss, micro_index)
+        with tf.name_scope(SCOPES["accumulate"]):
+            self.measurement.accumulate(grads, data_loss, micro_index)
 
     def _last_micro_step(
         self, data: Any, micro_index: tf.Tensor
-    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+    ) -> tuple[Reading, list[tf.Tensor]]:
         """The step's last micro-step and the reduce, fused (one replica function).
 
         The last micro-step's gradients and scalars go to the all-reduce added to the
@@ -707,22 +702,23 @@ class AdaptiveEngine:
         without being written to the accumulators and read back.
         """
         grads, data_loss = self._gradients_fn(data)
-        with tf.name_scope(_SCOPES["accumulate"]):
-            scalars = _micro_scalars(grads, data_loss)
+        with tf.name_scope(SCOPES["accumulate"]):
+            scalars = micro_scalars(grads, data_loss)
+            acc, acc_scalars = self.measurement.acc, self.measurement.scalars
 
             def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
-                local = [g + a.read_value() for g, a in zip(grads, self._acc, strict=True)]
-                return local, scalars + self._scalars.read_value()
+                local = [g + a.read_value() for g, a in zip(grads, acc, strict=True)]
+                return local, scalars + acc_scalars.read_value()
 
             local, local_scalars = tf.cond(
                 micro_index > 0, with_earlier, lambda: (list(grads), scalars)
             )
-        return self._reduce_step(local, local_scalars)
+        return self.measurement.reduce(local, local_scalars)
 
     def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.name_scope(_SCOPES["micro"]):
+        with tf.name_scope(SCOPES["micro"]):
             tf.debugging.assert_equal(
                 tf.shape(tf.nest.flatten(x)[0])[0],
                 self.micro_batch_size,
@@ -756,100 +752,6 @@ class AdaptiveEngine:
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
         return grads, data_loss
 
-    def _accumulate(
-        self, grads: list[tf.Tensor], data_loss: tf.Tensor, micro_index: tf.Tensor
-    ) -> None:
-        """Adds one micro-step's gradients and scalars to this replica's accumulators."""
-        # The first micro-step of an optimizer step overwrites the accumulators, so no
-        # reset pass is needed (and a step cut short by the end of the data is simply
-        # overwritten by the next one).
-        first = micro_index == 0
-        scalars = _micro_scalars(grads, data_loss)
-        if self._two_slots:
-            # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
-            # first micro-step is i = 0 or i = 1.
-            replica = tf.cast(
-                tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64
-            )
-            odd = tf.math.floormod(tf.cast(micro_index, tf.int64) * self.num_replicas + replica, 2)
-            tf.cond(
-                odd == 1,
-                lambda: _set_or_add(self._acc_odd, grads, micro_index < 2),
-                lambda: _set_or_add(self._acc, grads, micro_index < 2),
-            )
-        else:
-            _set_or_add(self._acc, grads, first)
-        _set_or_add([self._scalars], [scalars], first)
-
-    def _reduce_step(
-        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
-    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
-        """All-reduces this replica's sums (default: the accumulators')."""
-        ctx = tf.distribute.get_replica_context()
-        if local is None:
-            local = [a.read_value() for a in self._acc]
-        if local_scalars is None:
-            local_scalars = self._scalars.read_value()
-        out: dict[str, tf.Tensor] = {}
-        total_sq = None
-        if self.similarity_mode == "exact":
-            # One all-reduce of [A + B, A - B] (A, B: this replica's part of the
-            # two groups' sums) yields the total T = sum_A + sum_B that is applied and
-            # the difference D = sum_A - sum_B; the three inner products of the groups
-            # follow from |T|^2, |D|^2 and T.D (and |T|^2 is needed anyway).
-            if self._two_slots:
-                # With k = 1 a replica writes only its own slot (r mod 2); the other one
-                # holds an earlier step's values.
-                k = self.state.accumulation_steps
-                replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
-                even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
-                odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
-                sums, diffs = [], []
-                for a, b in zip(local, self._acc_odd, strict=True):
-                    even = tf.where(even_ok, a, tf.zeros_like(a))
-                    odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
-                    sums.append(even + odd)
-                    diffs.append(even - odd)
-            else:
-                odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
-                sums = local
-                diffs = [a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype) for a in local]
-            # One all-reduce call of the 2L tensors (no stacking): tf.distribute packs
-            # them into one collective, as it does the L tensors in estimated mode.
-            with tf.name_scope(_SCOPES["grad_allreduce"]):
-                reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums + diffs)
-            total, diff = reduced[: len(local)], reduced[len(local) :]
-            total_sq = S.sum_of_squares(total)
-            diff_sq = S.sum_of_squares(diff)
-            cross = S.dot(total, diff)
-            # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
-            out["dot_ab"] = (total_sq - diff_sq) / 4.0
-            out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0
-            out["sq_b"] = (total_sq - 2.0 * cross + diff_sq) / 4.0
-        else:
-            with tf.name_scope(_SCOPES["grad_allreduce"]):
-                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        with tf.name_scope(_SCOPES["scalar_allreduce"]):
-            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
-        n = scalars[2]
-        gbar = [t / tf.cast(n, t.dtype) for t in total]
-        out["num_micro"] = n
-        out["mean_sq"] = scalars[0] / n
-        out["loss"] = scalars[1] / n
-        if total_sq is None:
-            out["grad_mean_sq"] = S.sum_of_squares(gbar)
-        else:
-            out["grad_mean_sq"] = total_sq / tf.square(tf.cast(n, _F64))
-        if self._differenced:
-            out["dot_prev"] = S.dot(gbar, [p.read_value() for p in self._prev])
-            out["diff_sq"] = S.sum_of_squares(
-                [g - p.read_value() for g, p in zip(gbar, self._prev, strict=True)]
-            )
-            finite = tf.math.is_finite(out["grad_mean_sq"]) & tf.math.is_finite(out["mean_sq"])
-            for p, g in zip(self._prev, gbar, strict=True):
-                p.assign(tf.where(finite, g, p.read_value()))
-        return out, gbar
-
     def _apply_step(self, grads: list[tf.Tensor], finite: tf.Tensor | None = None) -> None:
         regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
         if regularized:
@@ -878,27 +780,28 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
-        with tf.name_scope(_SCOPES["rollback"]):
+        with tf.name_scope(SCOPES["rollback"]):
             saved = self._rollback.save()
-        if self._two_slots:
-            # Odd N in exact mode: every micro-step goes to one of two accumulators.
-            for i in tf.range(k):
-                strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
-                per_replica, gbar = strategy.run(self._reduce_fn)
-        else:
+        if self.measurement.fuses_last_micro_step:
             for i in tf.range(k - 1):
                 strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(_SCOPES["statistics"]):
+            with tf.name_scope(SCOPES["statistics"]):  # the all-reduces have their own
                 per_replica, gbar = strategy.run(self._last_fn, args=(next(iterator), k - 1))
-        with tf.name_scope(_SCOPES["statistics"]):
-            step = {name: _local(strategy, v) for name, v in per_replica.items()}
-            finite, logs = self._update_statistics(step, k)
+        else:
+            # Every micro-step is accumulated first (odd N in exact mode: into one of
+            # two accumulators).
+            for i in tf.range(k):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(SCOPES["statistics"]):
+                per_replica, gbar = strategy.run(self._reduce_fn)
+        with tf.name_scope(SCOPES["statistics"]):
+            reading = tf.nest.map_structure(lambda v: _local(strategy, v), per_replica)
+            finite, batch = self._update_statistics(reading)
             # The rate this step applies (read before the optimizer counts the step).
             learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
-        with tf.name_scope(_SCOPES["apply"]):
+        with tf.name_scope(SCOPES["apply"]):
             self._apply_or_skip(gbar, finite)
-        with tf.name_scope(_SCOPES["rollback"]):
+        with tf.name_scope(SCOPES["rollback"]):
             # Applied only if the gradients were finite AND the update left every
             # weight, slot and model statistic finite; otherwise roll the step back.
             update_ok = self._rollback.all_finite()
@@ -911,13 +814,23 @@ class AdaptiveEngine:
             tf.cond(
                 finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
             )
-        with tf.name_scope(_SCOPES["statistics"]):
+        with tf.name_scope(SCOPES["statistics"]):
             # Read after a possible roll-back (which restores the state).
-            logs.update(self._logged_statistics())
-            logs["learning_rate"] = learning_rate
-        with tf.name_scope(_SCOPES["policy"]):
-            logs.update(self._advance(applied, k, logs))
-        return logs
+            noise = self._noise_statistics()
+        with tf.name_scope(SCOPES["policy"]):
+            counters = self._advance(applied, reading.num_micro, noise)
+        return {
+            "loss": reading.loss,
+            "batch_size": batch,
+            "accumulation_steps": tf.cast(k, _F64),
+            "gain": noise.gain,
+            "similarity": noise.similarity,
+            "noise_scale": noise.noise_scale,
+            "grad_sqr": noise.grad_sqr,
+            "grad_var": noise.trace_sigma / float(self.base_batch_size),
+            "learning_rate": learning_rate,
+            **counters,
+        }
 
     def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
         """Applies the mean gradient on every replica if `finite` (cross-replica context)."""
@@ -933,47 +846,30 @@ class AdaptiveEngine:
         finally:
             self._bypass.active = False
 
-    def _logged_statistics(self) -> dict[str, tf.Tensor]:
-        """The logged statistics as the state holds them after a possible roll-back."""
+    def _noise_statistics(self) -> _Noise:
+        """The statistics as the state holds them after a possible roll-back."""
         grad_sqr, trace = self.smoothed_moments()
-        return {
-            "gain": self.state.gain.read_value(),
-            "similarity": self.state.similarity.read_value(),
-            "noise_scale": S.noise_scale(grad_sqr, trace),
-            "grad_sqr": grad_sqr,
-            "grad_var": trace / float(self.base_batch_size),
-        }
+        return _Noise(
+            gain=self.state.gain.read_value(),
+            similarity=self.state.similarity.read_value(),
+            grad_sqr=grad_sqr,
+            trace_sigma=trace,
+            noise_scale=S.noise_scale(grad_sqr, trace),
+        )
 
-    def _update_statistics(
-        self, step: dict[str, tf.Tensor], k: tf.Tensor
-    ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """Moments, moving averages, gain and similarity; returns (finite, logs)."""
+    def _update_statistics(self, reading: Reading) -> tuple[tf.Tensor, tf.Tensor]:
+        """Moments, moving averages, gain and similarity; returns (finite, batch size)."""
         state = self.state
-        n = step["num_micro"]
-        batch = n * float(self.micro_batch_size)
+        batch = reading.num_micro * float(self.micro_batch_size)
         b0 = tf.constant(float(self.base_batch_size), _F64)
         finite = tf.reduce_all(
-            tf.math.is_finite(tf.stack([step["mean_sq"], step["grad_mean_sq"], step["loss"]]))
+            tf.math.is_finite(tf.stack([reading.mean_sq, reading.grad_mean_sq, reading.loss]))
         )
-        moments = S.step_moments(step["mean_sq"], step["grad_mean_sq"], n, self.micro_batch_size)
-        valid = n >= 2.0
-        if self._differenced:
-            diff = S.differenced_moments(
-                step["dot_prev"], step["diff_sq"], batch, state.prev_batch_size
-            )
-            has_prev = state.prev_batch_size > 0.0
-            moments = S.NoiseMoments(
-                *(tf.where(valid, w, d) for w, d in zip(moments, diff, strict=True))
-            )
-            valid = valid | has_prev
-            state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
-        # The similarity reads this step's own moments (unclipped): like exact mode's
-        # per-step cosine it has no memory, so the batch follows a change of the noise
-        # at once instead of lagging behind the gain's long moving averages.
-        step_similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)
-        moments = S.clip_moments(moments, b0, self.min_variance)
+        step = self.measurement.interpret(reading, batch, finite)
+        moments = S.clip_moments(step.moments, b0, self.min_variance)
+        n = reading.num_micro
         decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
-        update = finite & valid
+        update = finite & step.valid
         grad_sqr_b, weight = S.ema_update(
             state.grad_sqr_biased, state.ema_weight, moments.grad_sqr, decay
         )
@@ -986,21 +882,12 @@ class AdaptiveEngine:
 
         grad_sqr, trace = self.smoothed_moments()
         gain = tf.where(state.ema_weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
-        if self.similarity_mode == "exact":
-            similarity = S.cosine_similarity(step["dot_ab"], step["sq_a"], step["sq_b"])
-        else:
-            similarity = step_similarity
         state.gain.assign(tf.where(finite, gain, state.gain))
-        state.similarity.assign(tf.where(finite, similarity, state.similarity))
-        logs = {
-            "loss": step["loss"],
-            "batch_size": batch,
-            "accumulation_steps": tf.cast(k, _F64),
-        }
-        return finite, logs
+        state.similarity.assign(tf.where(finite, step.similarity, state.similarity))
+        return finite, batch
 
     def _advance(
-        self, finite: tf.Tensor, k: tf.Tensor, logs: dict[str, tf.Tensor]
+        self, finite: tf.Tensor, num_micro: tf.Tensor, noise: _Noise
     ) -> dict[str, tf.Tensor]:
         """Counters, progress tau and the policy's next batch size."""
         state = self.state
@@ -1008,7 +895,7 @@ class AdaptiveEngine:
         # From the all-reduced micro-gradient count, not from k: every state write must
         # depend on the micro-steps, so that a step cut short by the end of the data
         # (an error inside the loop) leaves the state untouched.
-        batch = tf.cast(tf.round(logs["batch_size"]), tf.int64)
+        batch = tf.cast(tf.round(num_micro), tf.int64) * self.micro_batch_size
         if self.lr_schedule is None:
             increment = state.gain.read_value()
         else:
@@ -1023,11 +910,11 @@ class AdaptiveEngine:
         )
         state.samples_seen.assign_add(batch)
         stats = StepStats(
-            similarity=logs["similarity"],
-            grad_sqr=logs["grad_sqr"],
-            trace_sigma=logs["grad_var"] * float(self.base_batch_size),
-            noise_scale=logs["noise_scale"],
-            gain=state.gain.read_value(),
+            similarity=noise.similarity,
+            grad_sqr=noise.grad_sqr,
+            trace_sigma=noise.trace_sigma,
+            noise_scale=noise.noise_scale,
+            gain=noise.gain,
             progress=state.progress.read_value(),
             step=state.steps.read_value(),
         )

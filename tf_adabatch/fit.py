@@ -320,11 +320,18 @@ class _AdaptiveStateSaveable(seams.Saveable):
     def __init__(self, engine: AdaptiveEngine) -> None:
         self.name = "adabatch_state"
         self._engine = engine
-        self._get_variables = lambda: {
-            **{f"state.{_key(v)}": v for v in engine.state.variables},
-            **{f"policy.{_key(v)}": v for v in engine.policy.variables},
-            **{f"carried.{i}": v for i, v in enumerate(engine.carried_buffers)},
-        }
+
+        def variables() -> dict[str, tf.Variable]:
+            # Keys "state.<name>", "policy.<name>", "carried.<i>".
+            out = {}
+            for name, part in engine.adaptive_state().items():
+                if name == "carried":
+                    out.update({f"carried.{i}": v for i, v in enumerate(part)})
+                else:
+                    out.update({f"{name}.{_key(v)}": v for v in part.variables})
+            return out
+
+        self._get_variables = variables
 
     def save_own_variables(self, store: Any) -> None:
         for key, variable in self._get_variables().items():

@@ -426,15 +426,14 @@ class Trainer:
     def checkpoint(self) -> tf.train.Checkpoint:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
-            extra = {}
-            if self.engine.carried_buffers:  # one replica, estimated similarity
-                extra["carried"] = self.engine.carried_buffers
+            # The adaptive state's parts; "state" is saved as "adabatch" (the name
+            # checkpoints have used since the first release).
+            parts = {
+                "adabatch" if name == "state" else name: part
+                for name, part in self.engine.adaptive_state().items()
+            }
             self._checkpoint = tf.train.Checkpoint(
-                model=self.engine.model,
-                optimizer=self.engine.optimizer,
-                adabatch=self.engine.state,
-                policy=self.engine.policy,
-                **extra,
+                model=self.engine.model, optimizer=self.engine.optimizer, **parts
             )
         return self._checkpoint
 
