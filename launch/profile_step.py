@@ -15,7 +15,7 @@ Each variant is warmed up, then `--steps` steps of each are captured, interleave
 tab to see the trace). The script reads the trace back: the `XSpace` protobuf
 (`*.xplane.pb`) the profiler writes, through TensorFlow's own `xplane_pb2`. On the host
 plane every executed op is an event named after its node; the engine's ops carry the name
-scopes of `tf_adabatch.engine._SCOPES` (micro-step, accumulate, gradient all-reduce,
+scopes of `tf_adabatch.measure.SCOPES` (micro-step, accumulate, gradient all-reduce,
 scalar all-reduce, statistics, apply-or-skip, roll-back, policy), the plain step's ops
 Keras's (the optimizer's ops under its name). Each step is a `tf.profiler.experimental.Trace`
 region on the calling thread; per part and step the script reports
@@ -69,9 +69,9 @@ def replicas() -> int:
 
 
 def engine_parts() -> tuple[str, ...]:
-    from tf_adabatch import engine
+    from tf_adabatch import measure
 
-    return tuple(engine._SCOPES.values())
+    return tuple(measure.SCOPES.values())
 
 
 OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z0-9_]+$")  # "scope/node:OpType", one per executed op

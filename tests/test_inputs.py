@@ -93,3 +93,45 @@ def test_numpy_integers_are_accepted_where_ints_are() -> None:
         trainer.engine.set_batch_size(np.float64(16.0))
     with pytest.raises(ValueError, match=r"Received: micro_batch_size=True"):
         two_replica_trainer(micro_batch_size=True)
+
+
+def test_every_front_door_takes_the_same_engine_options() -> None:
+    """One definition (`EngineOptions`): `min_variance` reaches the engine from each door
+    (it was missing from Trainer and attach), and an unknown option is refused by name."""
+    options = tf_adabatch.EngineOptions.__annotations__
+    assert set(options) == {
+        "micro_batch_size",
+        "base_batch_size",
+        "policy",
+        "similarity",
+        "ema_decay",
+        "min_variance",
+        "jit_compile",
+        "max_consecutive_skips",
+    }
+    strategy = get_strategy(1)
+    engines = []
+    for door in ("engine", "trainer", "attach"):
+        model = mlp(strategy)
+        optimizer = keras.optimizers.SGD(0.1)
+        kwargs = dict(micro_batch_size=M, min_variance=0.25)
+        if door == "engine":
+            engine = tf_adabatch.AdaptiveEngine(model, loss="mse", optimizer=optimizer, **kwargs)
+        elif door == "trainer":
+            engine = tf_adabatch.Trainer(model, loss="mse", optimizer=optimizer, **kwargs).engine
+        else:
+            model.compile(optimizer=optimizer, loss="mse")
+            engine = tf_adabatch.attach(model, **kwargs)
+        engines.append(engine)
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'micro_batch'"):
+            if door == "attach":
+                tf_adabatch.attach(mlp(strategy), micro_batch=M)
+            elif door == "trainer":
+                tf_adabatch.Trainer(mlp(strategy), loss="mse", optimizer=optimizer, micro_batch=M)
+            else:
+                tf_adabatch.AdaptiveEngine(
+                    mlp(strategy), loss="mse", optimizer=optimizer, micro_batch=M
+                )
+    assert [e.min_variance for e in engines] == [0.25, 0.25, 0.25]
+    with pytest.raises(TypeError, match="missing required keyword argument: 'micro_batch_size'"):
+        tf_adabatch.Trainer(mlp(strategy), loss="mse", optimizer=keras.optimizers.SGD(0.1))

@@ -1,17 +1,21 @@
 """Private Keras / TensorFlow behaviour the engine relies on: fails loudly on upgrade.
 
-If one of these fails after a Keras upgrade, the engine's matching piece must change
-(see the docstrings of `tf_adabatch.engine._AllReduceBypass` and
-`AdaptiveEngine._extra_losses`) before the version bound in setup.py is raised.
+Every private Keras name the package uses lives in `tf_adabatch/_keras_seams.py`, one
+documented seam each. If one of these tests fails after a Keras upgrade, the matching
+seam must change before the version bound in setup.py is raised.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_adabatch.engine import _AllReduceBypass
+import tf_adabatch
+from tf_adabatch._keras_seams import AllReduceBypass, tf_variable
 
 from conftest import get_strategy
 
@@ -48,7 +52,7 @@ def test_bypass_makes_the_internal_all_reduce_the_identity() -> None:
         var = keras.Variable(np.zeros(3, np.float32))
         optimizer = keras.optimizers.SGD(1.0)
         optimizer.build([var])
-    bypass = _AllReduceBypass(optimizer)
+    bypass = AllReduceBypass(optimizer)
 
     @tf.function
     def step():
@@ -115,7 +119,7 @@ def test_optimizer_keeps_its_schedule_in_learning_rate_attribute() -> None:
 
 
 def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
-    """`tf_adabatch.fit._FitBinding.maybe_symbolic_build` replaces `_maybe_symbolic_build`
+    """`tf_adabatch._keras_seams.install_fit_hooks` replaces `_maybe_symbolic_build`
     (always building the compiled metrics; keras-team/keras#20585 under
     MultiWorkerMirroredStrategy) and calls `_symbolic_build`."""
     import inspect
@@ -133,7 +137,7 @@ def test_fit_builds_through_the_private_symbolic_build_hooks() -> None:
 def test_saving_walks_a_models_keras_saveable_attributes_with_registered_skip_sets(
     tmp_path,
 ) -> None:
-    """`tf_adabatch.fit._AdaptiveStateSaveable` rides on three private pieces of Keras
+    """`tf_adabatch._keras_seams.Saveable` rides on three private pieces of Keras
     saving: the `KerasSaveable` base, `_walk_saveable` visiting a model's attributes,
     and `get_attr_skipset` consulting the global attribute
     `saving_attr_skiplist_<type>` before its own list of known types."""
@@ -170,14 +174,13 @@ def test_saving_walks_a_models_keras_saveable_attributes_with_registered_skip_se
 def test_keras_variables_are_backed_by_a_tf_variable_in_value() -> None:
     """The engine's roll-back copies a Keras variable through the `tf.Variable` in its
     `value` (per device under a strategy: a distributed variable's components)."""
-    from tf_adabatch.engine import _tf_variable
 
     strategy = get_strategy(2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization()])
     checked = 0
     for variable in model.variables:
-        backing = _tf_variable(variable)
+        backing = tf_variable(variable)
         assert isinstance(backing, tf.distribute.DistributedValues)
         assert len(strategy.experimental_local_results(backing)) == 2
         np.testing.assert_array_equal(backing.numpy(), variable.numpy())
@@ -186,7 +189,7 @@ def test_keras_variables_are_backed_by_a_tf_variable_in_value() -> None:
 
 
 def test_fit_epoch_iterator_and_metric_pieces_attach_relies_on() -> None:
-    """`tf_adabatch.fit._FitBinding` relies on: fit calling `_maybe_symbolic_build`
+    """`tf_adabatch.fit` (through the seams) relies on: fit calling `_maybe_symbolic_build`
     with its epoch iterator before `reset()` and before the callbacks take
     `epoch_iterator.num_batches`; the epoch iterator's `__iter__` calling the instance's
     `_enumerate_iterator`, its `_get_iterator`, `_num_batches`, `steps_per_epoch` and
@@ -271,3 +274,30 @@ def test_profiler_trace_layout_that_launch_profile_step_reads(tmp_path) -> None:
         for ev in line.events
     ]
     assert any("adabatch_statistics" in name for name in names), sorted(set(names))[:20]
+
+
+# The private Keras names the seams use; no other module of the package may use them.
+_PRIVATE_KERAS = re.compile(
+    r"keras\.src|\._all_reduce_sum_gradients|[.\"]_learning_rate\b|\._compute_loss"
+    r"|\._loss_tracker|\._symbolic_build|\._maybe_symbolic_build|\._get_iterator"
+    r"|\._enumerate_iterator|\._num_batches|\.data_adapter|def _obj_type|KerasSaveable"
+    r"|LossFunctionWrapper|global_state|unscale_loss_for_distribution|get_metric\("
+)
+
+
+def test_private_keras_names_live_in_one_module() -> None:
+    """Each private name is used by the seams module, and by no other module."""
+    package = Path(tf_adabatch.__file__).parent
+    files = sorted(package.rglob("*.py"))
+    users = {}
+    for path in files:
+        code = "\n".join(
+            line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")
+        )
+        found = set(_PRIVATE_KERAS.findall(code))
+        if found:
+            users[path.relative_to(package).as_posix()] = found
+    assert len(files) >= 12  # the scan saw the package
+    assert set(users) == {"_keras_seams.py"}, users
+    # Every alternative of the pattern is really used there (the pattern is not stale).
+    assert len(users["_keras_seams.py"]) == _PRIVATE_KERAS.pattern.count("|") + 1

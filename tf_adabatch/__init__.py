@@ -9,7 +9,7 @@ True
 
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
-from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
+from tf_adabatch.engine import AdaptiveEngine, EngineOptions, NonFiniteGradientsError
 from tf_adabatch.fit import attach
 from tf_adabatch.policies import (
     BatchPolicy,
@@ -34,6 +34,7 @@ __all__ = [
     "AdaptiveLearningRate",
     "AdaptiveState",
     "BatchPolicy",
+    "EngineOptions",
     "GoodputPolicy",
     "NoiseScalePolicy",
     "NonFiniteGradientsError",

@@ -32,73 +32,110 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
 
+# typing_extensions comes with TensorFlow; `Unpack` / `Required` for Python 3.10.
+from typing_extensions import Required, TypedDict, Unpack
+
+from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
+from tf_adabatch.measure import (
+    SCOPES,
+    GroupMeasurement,
+    Reading,
+    make_measurement,
+    micro_scalars,
+    min_accumulation_steps,
+)
 from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
-__all__ = ["SIMILARITY_MODES", "AdaptiveEngine", "NonFiniteGradientsError"]
+__all__ = [
+    "SIMILARITY_MODES",
+    "AdaptiveEngine",
+    "EngineOptions",
+    "NonFiniteGradientsError",
+    "resolve_options",
+]
 
 SIMILARITY_MODES = ("exact", "estimated")
 # The step function's progress increment, popped from its logs by `train_step` (it
 # gives progress_per_second without reading the progress variable before the step).
 _PROGRESS_INCREMENT = "_progress_increment"
-# Name scopes of the parts of one optimizer step, so that a profile (TensorBoard's trace
-# viewer, launch/profile_step.py) attributes every op to its part. They cost nothing at
-# run time.
-_SCOPES = {
-    "micro": "adabatch_micro_step",
-    "accumulate": "adabatch_accumulate",
-    "grad_allreduce": "adabatch_grad_allreduce",
-    "scalar_allreduce": "adabatch_scalar_allreduce",
-    "statistics": "adabatch_statistics",
-    "apply": "adabatch_apply",
-    "rollback": "adabatch_rollback",
-    "policy": "adabatch_policy",
-}
 _F64 = tf.float64
-_ON_READ = {
-    "synchronization": tf.VariableSynchronization.ON_READ,
-    "aggregation": tf.VariableAggregation.SUM,
-    "trainable": False,
-}
 
 
-class _AllReduceBypass:
-    """Makes a Keras optimizer's internal gradient all-reduce the identity, on demand.
+class EngineOptions(TypedDict, total=False):
+    """The adaptive engine's options: one definition for every front door.
 
-    Keras 3's TF optimizer all-reduces the gradients inside `apply_gradients`
-    (`TFOptimizer._backend_update_step` -> `_all_reduce_sum_gradients`). The engine has
-    already all-reduced them, so it switches that step off while it applies (the switch
-    is flipped around the `strategy.run` call, at trace time). Keras has no public
-    switch; `tests/test_keras_private.py` pins this behaviour.
+    `AdaptiveEngine`, `Trainer` and `attach` take these as keyword arguments (checked
+    once, by the engine):
+
+      micro_batch_size: m, examples per replica per micro-step (required, fixed).
+      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
+        Defaults to the policy's initial batch size.
+      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
+      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
+        "estimated" (from the step's own scalar moments, no extra communication;
+        like the exact cosine, a per-step reading with no memory) or "auto"
+        (default): exact with two or more replicas, estimated with one (where exact
+        needs k >= 2 micro-steps, which the default policy does not give).
+      ema_decay: decay of the moving averages behind the gain and the noise scale
+        (not the similarity); `None` (default) uses fairscale's max(1 - n/1000, 0)
+        with n the micro-gradients of the step.
+      min_variance: per-step floor of tr(Sigma)/B0 (default fairscale's 1e-6).
+      jit_compile: XLA-compile the replica functions (the micro-step always; the
+        reduce and apply steps too on a single replica). Default False.
+      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
+        (non-finite) steps in a row (default 100); None never stops.
+
+    >>> sorted(resolve_options({"micro_batch_size": 8}).items())[:3]
+    [('base_batch_size', None), ('ema_decay', None), ('jit_compile', False)]
     """
 
-    def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
-        self.active = False
-        for opt in _optimizer_chain(optimizer):
-            original = getattr(opt, "_all_reduce_sum_gradients", None)
-            if original is None:
-                raise RuntimeError(
-                    "tf_adabatch needs Keras's TF optimizer method "
-                    "`_all_reduce_sum_gradients`, which this Keras version "
-                    f"({keras.__version__}) does not have. Use a supported Keras "
-                    "version (see setup.py)."
-                )
-            opt._all_reduce_sum_gradients = self._wrap(original)
+    micro_batch_size: Required[int]
+    base_batch_size: int | None
+    policy: BatchPolicy | None
+    similarity: str
+    ema_decay: float | None
+    min_variance: float
+    jit_compile: bool
+    max_consecutive_skips: int | None
 
-    def _wrap(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def all_reduce_sum_gradients(grads_and_vars: Any) -> Any:
-            if self.active:
-                return list(grads_and_vars)
-            return original(grads_and_vars)
 
-        return all_reduce_sum_gradients
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "base_batch_size": None,
+    "policy": None,
+    "similarity": "auto",
+    "ema_decay": None,
+    "min_variance": 1e-6,
+    "jit_compile": False,
+    "max_consecutive_skips": 100,
+}
+
+
+def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str, Any]:
+    """Every `EngineOptions` key with its value or default; unknown or missing ones refused.
+
+    >>> resolve_options({"micro_batch_size": 8, "batch": 4})
+    Traceback (most recent call last):
+    ...
+    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
+    """
+    known = EngineOptions.__annotations__
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {name!r}; its options are "
+                f"{', '.join(sorted(known))} (tf_adabatch.EngineOptions)."
+            )
+    if "micro_batch_size" not in options:
+        raise TypeError(f"{caller}() missing required keyword argument: 'micro_batch_size'")
+    return {**_OPTION_DEFAULTS, **options}
 
 
 class NonFiniteGradientsError(RuntimeError):
@@ -107,13 +144,6 @@ class NonFiniteGradientsError(RuntimeError):
     >>> issubclass(NonFiniteGradientsError, RuntimeError)
     True
     """
-
-
-def _optimizer_chain(optimizer: Any) -> list[Any]:
-    chain = [optimizer]
-    while getattr(chain[-1], "inner_optimizer", None) is not None:
-        chain.append(chain[-1].inner_optimizer)
-    return chain
 
 
 def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -169,44 +199,19 @@ def weighted_losses(losses: tf.Tensor, sample_weight: Any) -> tf.Tensor:
     return losses * sw
 
 
-def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.Tensor) -> None:
-    """slot = values if `overwrite` else slot + values (one `tf.cond`, replica-local)."""
-
-    def assign() -> None:
-        for var, value in zip(slot, values, strict=True):
-            var.assign(value)
-
-    def add() -> None:
-        for var, value in zip(slot, values, strict=True):
-            var.assign_add(value)
-
-    tf.cond(overwrite, assign, add)
-
-
-def _micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
-    """[|g|^2, loss, 1] of one micro-step, float64 (the accumulated scalars)."""
-    return tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
-
-
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     """First local replica's value: identical on all replicas by construction."""
     return strategy.experimental_local_results(value)[0]
 
 
-def _tf_variable(variable: Any) -> Any:
-    """The `tf.Variable` behind a Keras variable (itself for a `tf.Variable`).
+class _Noise(NamedTuple):
+    """The noise statistics one step hands from the statistics to the policy and logs."""
 
-    Keras 3's TensorFlow backend keeps it as the variable's `value` (outside an
-    autocast scope); pinned by tests/test_keras_private.py.
-    """
-    if isinstance(variable, tf.Variable):
-        return variable
-    value = getattr(variable, "value", None)
-    if not isinstance(value, tf.Variable):
-        raise TypeError(
-            f"Expected a Keras or TensorFlow variable backed by a `tf.Variable`. Received: {variable!r}"
-        )
-    return value
+    gain: tf.Tensor
+    similarity: tf.Tensor
+    grad_sqr: tf.Tensor  # debiased moving average of |G|^2
+    trace_sigma: tf.Tensor  # debiased moving average of per-example tr(Sigma)
+    noise_scale: tf.Tensor
 
 
 class _Rollback:
@@ -296,7 +301,7 @@ class _Rollback:
 def _unique(variables: list[Any]) -> list[Any]:
     unique: dict[int, Any] = {}
     for v in variables:
-        tv = _tf_variable(v)
+        tv = seams.tf_variable(v)
         unique.setdefault(id(tv), tv)
     return list(unique.values())
 
@@ -313,24 +318,10 @@ class AdaptiveEngine:
         gradient. A `keras.optimizers.LossScaleOptimizer` (`mixed_float16`) works:
         the statistics see unscaled gradients, and the steps it skips on overflow are
         skipped steps here (they change no statistic, average or batch size).
-      micro_batch_size: m, examples per replica per micro-step (fixed).
-      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
-        Defaults to the policy's initial batch size.
-      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
-        "estimated" (from the step's own scalar moments, no extra communication;
-        like the exact cosine, a per-step reading with no memory) or "auto"
-        (default): exact with two or more replicas, estimated with one (where exact
-        needs k >= 2 micro-steps, which the default policy does not give).
-      ema_decay: decay of the moving averages behind the gain and the noise scale
-        (not the similarity); `None` uses fairscale's max(1 - n/1000, 0) with n the
-        micro-gradients of the step.
-      min_variance: per-step floor of tr(Sigma)/B0 (fairscale's 1e-6).
-      jit_compile: XLA-compile the replica functions (the micro-step always; the
-        reduce and apply steps too on a single replica).
-      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
-        (non-finite) steps in a row; None never stops.
       strategy: defaults to the current `tf.distribute` strategy.
+      **options: the engine's options, `EngineOptions` (`micro_batch_size` required;
+        `base_batch_size`, `policy`, `similarity`, `ema_decay`, `min_variance`,
+        `jit_compile`, `max_consecutive_skips`).
 
     Skipped steps: a step is skipped when its gradients or loss are not finite, or
     when its update leaves any weight, optimizer slot or model variable non-finite.
@@ -361,16 +352,15 @@ class AdaptiveEngine:
         *,
         loss: Any,
         optimizer: keras.optimizers.Optimizer,
-        micro_batch_size: int,
-        base_batch_size: int | None = None,
-        policy: BatchPolicy | None = None,
-        similarity: str = "auto",
-        ema_decay: float | None = None,
-        min_variance: float = 1e-6,
-        jit_compile: bool = False,
-        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
+        **options: Unpack[EngineOptions],
     ) -> None:
+        opts = resolve_options(options)
+        micro_batch_size = opts["micro_batch_size"]
+        base_batch_size, policy = opts["base_batch_size"], opts["policy"]
+        similarity, ema_decay = opts["similarity"], opts["ema_decay"]
+        min_variance, jit_compile = opts["min_variance"], opts["jit_compile"]
+        max_consecutive_skips = opts["max_consecutive_skips"]
         self.strategy = strategy or tf.distribute.get_strategy()
         unsupported = tuple(
             getattr(tf.distribute.experimental, name)
@@ -437,7 +427,7 @@ class AdaptiveEngine:
         self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
         with self.strategy.scope():
             self.policy.build(self.num_replicas * micro_batch_size)
-        self._min_k = 2 if (self.num_replicas == 1 and similarity == "exact") else 1
+        self._min_k = min_accumulation_steps(similarity, self.num_replicas)
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
         if base_batch_size is not None:
             _check_positive_int("base_batch_size", base_batch_size)
@@ -447,35 +437,27 @@ class AdaptiveEngine:
 
         self._loss_fn = per_example_loss_fn(loss)
         self._variables = list(model.trainable_variables)
-        # Exact mode keeps two accumulators per replica when a replica's micro-steps
-        # fall into both groups (odd N, including N = 1); with even N a replica's
-        # micro-steps all fall into one group and a mask suffices.
-        self._two_slots = similarity == "exact" and self.num_replicas % 2 == 1
-        self._differenced = similarity == "estimated" and self.num_replicas == 1
         with self.strategy.scope():
             self.state = AdaptiveState(
                 accumulation_steps=k0, batch_unit=self.num_replicas * micro_batch_size
             )
             if not optimizer.built:
                 optimizer.build(self._variables)
-            self._acc = [self._zeros_like(v, "acc") for v in self._variables]
-            self._acc_odd = (
-                [self._zeros_like(v, "acc_odd") for v in self._variables] if self._two_slots else []
+            # The gradient groups' measurement of the similarity mode: its buffers,
+            # accumulate / reduce / interpret (tf_adabatch.measure).
+            self.measurement: GroupMeasurement = make_measurement(
+                similarity,
+                self._variables,
+                num_replicas=self.num_replicas,
+                micro_batch_size=micro_batch_size,
+                state=self.state,
             )
-            self._prev = (
-                [self._zeros_like(v, "prev_grad") for v in self._variables]
-                if self._differenced
-                else []
-            )
-            # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
-            self._scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
-        self._bypass = _AllReduceBypass(optimizer)
+        self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
-        # state. Keras keeps the schedule in the private `_learning_rate` (pinned by
-        # tests/test_keras_private.py).
+        # state.
         self.lr_schedule: AdaptiveLearningRate | None = None
-        for opt in _optimizer_chain(optimizer):
-            schedule = getattr(opt, "_learning_rate", None)
+        for opt in seams.optimizer_chain(optimizer):
+            schedule = seams.learning_rate_schedule(opt)
             if isinstance(schedule, AdaptiveLearningRate):
                 schedule.bind(
                     self.state,
@@ -492,13 +474,13 @@ class AdaptiveEngine:
         # optimizer's and the adaptive state's only when the *update* was not finite
         # (on a non-finite gradient, a loss-scale optimizer lowers its scale, which
         # must stick).
-        trainable = {id(_tf_variable(v)) for v in model.trainable_variables}
-        optimizer_variables = [v for opt in _optimizer_chain(optimizer) for v in opt.variables]
+        trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
+        optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
         self._rollback = _Rollback(
             self.strategy,
             local=[
-                *(v for v in model.variables if id(_tf_variable(v)) not in trainable),
-                *self._prev,
+                *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
+                *self.measurement.carried_buffers,
             ],
             mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
             unchecked=list(self.state.variables),
@@ -511,7 +493,8 @@ class AdaptiveEngine:
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
         self._micro_fn = wrap(self._micro_step)
         single = self.num_replicas == 1
-        self._reduce_fn = wrap(self._reduce_step) if single else self._reduce_step
+        reduce = self.measurement.reduce
+        self._reduce_fn = wrap(reduce) if single else reduce
         # The last micro-step is fused with the reduce (which XLA compiles only on a
         # single replica: it holds the all-reduces); its forward and backward pass is
         # compiled on its own.
@@ -540,7 +523,31 @@ class AdaptiveEngine:
         estimated similarity); empty in every other mode (the accumulators are
         overwritten by each step's first micro-step and never need saving).
         """
-        return list(self._prev)
+        return self.measurement.carried_buffers
+
+    def adaptive_state(self) -> dict[str, Any]:
+        """Every piece of adaptive state, by part: the one list that checkpoints
+        (`Trainer.checkpoint`, the launcher's) and Keras saves under `attach` store.
+
+        - "state": the `AdaptiveState` (k, batch unit, counters, progress tau, gain,
+          similarity, the moving averages);
+        - "policy": the batch policy (its own variables; a `GoodputPolicy`'s
+          throughput model's timings);
+        - "carried": the measurement's carried buffers, only where it has some (one
+          replica, estimated similarity).
+
+        The learning-rate rule has no state of its own: it reads this state.
+
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                         micro_batch_size=4)
+        >>> sorted(engine.adaptive_state())  # one replica, estimated similarity
+        ['carried', 'policy', 'state']
+        """
+        parts: dict[str, Any] = {"state": self.state, "policy": self.policy}
+        if self.carried_buffers:
+            parts["carried"] = self.carried_buffers
+        return parts
 
     def smoothed_moments(self) -> S.NoiseMoments:
         """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
@@ -669,34 +676,25 @@ class AdaptiveEngine:
 
     # ------------------------------------------------------------- replica context
 
-    def _zeros_like(self, v: Any, prefix: str) -> tf.Variable:
-        name = f"{prefix}/{v.path}".replace(":", "_") if hasattr(v, "path") else prefix
-        return tf.Variable(tf.zeros(v.shape, dtype=v.dtype), name=name, **_ON_READ)
-
     def _extra_losses(self) -> tf.Tensor:
         """Activity / `add_loss` losses of the last forward pass, without weight regularizers.
 
-        Keras 3 lists a model's `losses` as its own and its sublayers' added losses
-        followed by one loss per regularized trainable weight (pinned by
-        `tests/test_keras_private.py`). Weight regularizers are applied once per step
-        in `_apply_step` instead: they are the same for every micro-batch and would
-        inflate the groups' similarity.
+        Weight regularizers are applied once per step in `_apply_step` instead: they are
+        the same for every micro-batch and would inflate the groups' similarity.
         """
-        losses = self.model.losses
-        n_weight = sum(1 for v in self._variables if getattr(v, "regularizer", None) is not None)
-        extra = losses[: len(losses) - n_weight]
+        extra = seams.added_losses(self.model, self._variables)
         if not extra:
             return tf.constant(0.0, tf.float32)
         return tf.add_n([tf.cast(x, tf.float32) for x in extra])
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
         grads, data_loss = self._micro_gradients(data)
-        with tf.name_scope(_SCOPES["accumulate"]):
-            self._accumulate(grads, data_loss, micro_index)
+        with tf.name_scope(SCOPES["accumulate"]):
+            self.measurement.accumulate(grads, data_loss, micro_index)
 
     def _last_micro_step(
         self, data: Any, micro_index: tf.Tensor
-    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
+    ) -> tuple[Reading, list[tf.Tensor]]:
         """The step's last micro-step and the reduce, fused (one replica function).
 
         The last micro-step's gradients and scalars go to the all-reduce added to the
@@ -704,22 +702,23 @@ class AdaptiveEngine:
         without being written to the accumulators and read back.
         """
         grads, data_loss = self._gradients_fn(data)
-        with tf.name_scope(_SCOPES["accumulate"]):
-            scalars = _micro_scalars(grads, data_loss)
+        with tf.name_scope(SCOPES["accumulate"]):
+            scalars = micro_scalars(grads, data_loss)
+            acc, acc_scalars = self.measurement.acc, self.measurement.scalars
 
             def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
-                local = [g + a.read_value() for g, a in zip(grads, self._acc, strict=True)]
-                return local, scalars + self._scalars.read_value()
+                local = [g + a.read_value() for g, a in zip(grads, acc, strict=True)]
+                return local, scalars + acc_scalars.read_value()
 
             local, local_scalars = tf.cond(
                 micro_index > 0, with_earlier, lambda: (list(grads), scalars)
             )
-        return self._reduce_step(local, local_scalars)
+        return self.measurement.reduce(local, local_scalars)
 
     def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.name_scope(_SCOPES["micro"]):
+        with tf.name_scope(SCOPES["micro"]):
             tf.debugging.assert_equal(
                 tf.shape(tf.nest.flatten(x)[0])[0],
                 self.micro_batch_size,
@@ -753,100 +752,6 @@ class AdaptiveEngine:
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
         return grads, data_loss
 
-    def _accumulate(
-        self, grads: list[tf.Tensor], data_loss: tf.Tensor, micro_index: tf.Tensor
-    ) -> None:
-        """Adds one micro-step's gradients and scalars to this replica's accumulators."""
-        # The first micro-step of an optimizer step overwrites the accumulators, so no
-        # reset pass is needed (and a step cut short by the end of the data is simply
-        # overwritten by the next one).
-        first = micro_index == 0
-        scalars = _micro_scalars(grads, data_loss)
-        if self._two_slots:
-            # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
-            # first micro-step is i = 0 or i = 1.
-            replica = tf.cast(
-                tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64
-            )
-            odd = tf.math.floormod(tf.cast(micro_index, tf.int64) * self.num_replicas + replica, 2)
-            tf.cond(
-                odd == 1,
-                lambda: _set_or_add(self._acc_odd, grads, micro_index < 2),
-                lambda: _set_or_add(self._acc, grads, micro_index < 2),
-            )
-        else:
-            _set_or_add(self._acc, grads, first)
-        _set_or_add([self._scalars], [scalars], first)
-
-    def _reduce_step(
-        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
-    ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
-        """All-reduces this replica's sums (default: the accumulators')."""
-        ctx = tf.distribute.get_replica_context()
-        if local is None:
-            local = [a.read_value() for a in self._acc]
-        if local_scalars is None:
-            local_scalars = self._scalars.read_value()
-        out: dict[str, tf.Tensor] = {}
-        total_sq = None
-        if self.similarity_mode == "exact":
-            # One all-reduce of [A + B, A - B] (A, B: this replica's part of the
-            # two groups' sums) yields the total T = sum_A + sum_B that is applied and
-            # the difference D = sum_A - sum_B; the three inner products of the groups
-            # follow from |T|^2, |D|^2 and T.D (and |T|^2 is needed anyway).
-            if self._two_slots:
-                # With k = 1 a replica writes only its own slot (r mod 2); the other one
-                # holds an earlier step's values.
-                k = self.state.accumulation_steps
-                replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
-                even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
-                odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
-                sums, diffs = [], []
-                for a, b in zip(local, self._acc_odd, strict=True):
-                    even = tf.where(even_ok, a, tf.zeros_like(a))
-                    odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
-                    sums.append(even + odd)
-                    diffs.append(even - odd)
-            else:
-                odd = tf.math.floormod(tf.cast(ctx.replica_id_in_sync_group, tf.int64), 2) == 1
-                sums = local
-                diffs = [a * tf.cast(tf.where(odd, -1.0, 1.0), a.dtype) for a in local]
-            # One all-reduce call of the 2L tensors (no stacking): tf.distribute packs
-            # them into one collective, as it does the L tensors in estimated mode.
-            with tf.name_scope(_SCOPES["grad_allreduce"]):
-                reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums + diffs)
-            total, diff = reduced[: len(local)], reduced[len(local) :]
-            total_sq = S.sum_of_squares(total)
-            diff_sq = S.sum_of_squares(diff)
-            cross = S.dot(total, diff)
-            # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
-            out["dot_ab"] = (total_sq - diff_sq) / 4.0
-            out["sq_a"] = (total_sq + 2.0 * cross + diff_sq) / 4.0
-            out["sq_b"] = (total_sq - 2.0 * cross + diff_sq) / 4.0
-        else:
-            with tf.name_scope(_SCOPES["grad_allreduce"]):
-                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        with tf.name_scope(_SCOPES["scalar_allreduce"]):
-            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
-        n = scalars[2]
-        gbar = [t / tf.cast(n, t.dtype) for t in total]
-        out["num_micro"] = n
-        out["mean_sq"] = scalars[0] / n
-        out["loss"] = scalars[1] / n
-        if total_sq is None:
-            out["grad_mean_sq"] = S.sum_of_squares(gbar)
-        else:
-            out["grad_mean_sq"] = total_sq / tf.square(tf.cast(n, _F64))
-        if self._differenced:
-            out["dot_prev"] = S.dot(gbar, [p.read_value() for p in self._prev])
-            out["diff_sq"] = S.sum_of_squares(
-                [g - p.read_value() for g, p in zip(gbar, self._prev, strict=True)]
-            )
-            finite = tf.math.is_finite(out["grad_mean_sq"]) & tf.math.is_finite(out["mean_sq"])
-            for p, g in zip(self._prev, gbar, strict=True):
-                p.assign(tf.where(finite, g, p.read_value()))
-        return out, gbar
-
     def _apply_step(self, grads: list[tf.Tensor], finite: tf.Tensor | None = None) -> None:
         regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
         if regularized:
@@ -875,27 +780,28 @@ class AdaptiveEngine:
         strategy = self.strategy
         state = self.state
         k = state.accumulation_steps.read_value()
-        with tf.name_scope(_SCOPES["rollback"]):
+        with tf.name_scope(SCOPES["rollback"]):
             saved = self._rollback.save()
-        if self._two_slots:
-            # Odd N in exact mode: every micro-step goes to one of two accumulators.
-            for i in tf.range(k):
-                strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(_SCOPES["statistics"]):  # the all-reduces have their own
-                per_replica, gbar = strategy.run(self._reduce_fn)
-        else:
+        if self.measurement.fuses_last_micro_step:
             for i in tf.range(k - 1):
                 strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(_SCOPES["statistics"]):
+            with tf.name_scope(SCOPES["statistics"]):  # the all-reduces have their own
                 per_replica, gbar = strategy.run(self._last_fn, args=(next(iterator), k - 1))
-        with tf.name_scope(_SCOPES["statistics"]):
-            step = {name: _local(strategy, v) for name, v in per_replica.items()}
-            finite, logs = self._update_statistics(step, k)
+        else:
+            # Every micro-step is accumulated first (odd N in exact mode: into one of
+            # two accumulators).
+            for i in tf.range(k):
+                strategy.run(self._micro_fn, args=(next(iterator), i))
+            with tf.name_scope(SCOPES["statistics"]):
+                per_replica, gbar = strategy.run(self._reduce_fn)
+        with tf.name_scope(SCOPES["statistics"]):
+            reading = tf.nest.map_structure(lambda v: _local(strategy, v), per_replica)
+            finite, batch = self._update_statistics(reading)
             # The rate this step applies (read before the optimizer counts the step).
             learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
-        with tf.name_scope(_SCOPES["apply"]):
+        with tf.name_scope(SCOPES["apply"]):
             self._apply_or_skip(gbar, finite)
-        with tf.name_scope(_SCOPES["rollback"]):
+        with tf.name_scope(SCOPES["rollback"]):
             # Applied only if the gradients were finite AND the update left every
             # weight, slot and model statistic finite; otherwise roll the step back.
             update_ok = self._rollback.all_finite()
@@ -908,13 +814,23 @@ class AdaptiveEngine:
             tf.cond(
                 finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
             )
-        with tf.name_scope(_SCOPES["statistics"]):
+        with tf.name_scope(SCOPES["statistics"]):
             # Read after a possible roll-back (which restores the state).
-            logs.update(self._logged_statistics())
-            logs["learning_rate"] = learning_rate
-        with tf.name_scope(_SCOPES["policy"]):
-            logs.update(self._advance(applied, k, logs))
-        return logs
+            noise = self._noise_statistics()
+        with tf.name_scope(SCOPES["policy"]):
+            counters = self._advance(applied, reading.num_micro, noise)
+        return {
+            "loss": reading.loss,
+            "batch_size": batch,
+            "accumulation_steps": tf.cast(k, _F64),
+            "gain": noise.gain,
+            "similarity": noise.similarity,
+            "noise_scale": noise.noise_scale,
+            "grad_sqr": noise.grad_sqr,
+            "grad_var": noise.trace_sigma / float(self.base_batch_size),
+            "learning_rate": learning_rate,
+            **counters,
+        }
 
     def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
         """Applies the mean gradient on every replica if `finite` (cross-replica context)."""
@@ -930,47 +846,30 @@ class AdaptiveEngine:
         finally:
             self._bypass.active = False
 
-    def _logged_statistics(self) -> dict[str, tf.Tensor]:
-        """The logged statistics as the state holds them after a possible roll-back."""
+    def _noise_statistics(self) -> _Noise:
+        """The statistics as the state holds them after a possible roll-back."""
         grad_sqr, trace = self.smoothed_moments()
-        return {
-            "gain": self.state.gain.read_value(),
-            "similarity": self.state.similarity.read_value(),
-            "noise_scale": S.noise_scale(grad_sqr, trace),
-            "grad_sqr": grad_sqr,
-            "grad_var": trace / float(self.base_batch_size),
-        }
+        return _Noise(
+            gain=self.state.gain.read_value(),
+            similarity=self.state.similarity.read_value(),
+            grad_sqr=grad_sqr,
+            trace_sigma=trace,
+            noise_scale=S.noise_scale(grad_sqr, trace),
+        )
 
-    def _update_statistics(
-        self, step: dict[str, tf.Tensor], k: tf.Tensor
-    ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """Moments, moving averages, gain and similarity; returns (finite, logs)."""
+    def _update_statistics(self, reading: Reading) -> tuple[tf.Tensor, tf.Tensor]:
+        """Moments, moving averages, gain and similarity; returns (finite, batch size)."""
         state = self.state
-        n = step["num_micro"]
-        batch = n * float(self.micro_batch_size)
+        batch = reading.num_micro * float(self.micro_batch_size)
         b0 = tf.constant(float(self.base_batch_size), _F64)
         finite = tf.reduce_all(
-            tf.math.is_finite(tf.stack([step["mean_sq"], step["grad_mean_sq"], step["loss"]]))
+            tf.math.is_finite(tf.stack([reading.mean_sq, reading.grad_mean_sq, reading.loss]))
         )
-        moments = S.step_moments(step["mean_sq"], step["grad_mean_sq"], n, self.micro_batch_size)
-        valid = n >= 2.0
-        if self._differenced:
-            diff = S.differenced_moments(
-                step["dot_prev"], step["diff_sq"], batch, state.prev_batch_size
-            )
-            has_prev = state.prev_batch_size > 0.0
-            moments = S.NoiseMoments(
-                *(tf.where(valid, w, d) for w, d in zip(moments, diff, strict=True))
-            )
-            valid = valid | has_prev
-            state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
-        # The similarity reads this step's own moments (unclipped): like exact mode's
-        # per-step cosine it has no memory, so the batch follows a change of the noise
-        # at once instead of lagging behind the gain's long moving averages.
-        step_similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)
-        moments = S.clip_moments(moments, b0, self.min_variance)
+        step = self.measurement.interpret(reading, batch, finite)
+        moments = S.clip_moments(step.moments, b0, self.min_variance)
+        n = reading.num_micro
         decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
-        update = finite & valid
+        update = finite & step.valid
         grad_sqr_b, weight = S.ema_update(
             state.grad_sqr_biased, state.ema_weight, moments.grad_sqr, decay
         )
@@ -983,21 +882,12 @@ class AdaptiveEngine:
 
         grad_sqr, trace = self.smoothed_moments()
         gain = tf.where(state.ema_weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
-        if self.similarity_mode == "exact":
-            similarity = S.cosine_similarity(step["dot_ab"], step["sq_a"], step["sq_b"])
-        else:
-            similarity = step_similarity
         state.gain.assign(tf.where(finite, gain, state.gain))
-        state.similarity.assign(tf.where(finite, similarity, state.similarity))
-        logs = {
-            "loss": step["loss"],
-            "batch_size": batch,
-            "accumulation_steps": tf.cast(k, _F64),
-        }
-        return finite, logs
+        state.similarity.assign(tf.where(finite, step.similarity, state.similarity))
+        return finite, batch
 
     def _advance(
-        self, finite: tf.Tensor, k: tf.Tensor, logs: dict[str, tf.Tensor]
+        self, finite: tf.Tensor, num_micro: tf.Tensor, noise: _Noise
     ) -> dict[str, tf.Tensor]:
         """Counters, progress tau and the policy's next batch size."""
         state = self.state
@@ -1005,7 +895,7 @@ class AdaptiveEngine:
         # From the all-reduced micro-gradient count, not from k: every state write must
         # depend on the micro-steps, so that a step cut short by the end of the data
         # (an error inside the loop) leaves the state untouched.
-        batch = tf.cast(tf.round(logs["batch_size"]), tf.int64)
+        batch = tf.cast(tf.round(num_micro), tf.int64) * self.micro_batch_size
         if self.lr_schedule is None:
             increment = state.gain.read_value()
         else:
@@ -1020,11 +910,11 @@ class AdaptiveEngine:
         )
         state.samples_seen.assign_add(batch)
         stats = StepStats(
-            similarity=logs["similarity"],
-            grad_sqr=logs["grad_sqr"],
-            trace_sigma=logs["grad_var"] * float(self.base_batch_size),
-            noise_scale=logs["noise_scale"],
-            gain=state.gain.read_value(),
+            similarity=noise.similarity,
+            grad_sqr=noise.grad_sqr,
+            trace_sigma=noise.trace_sigma,
+            noise_scale=noise.noise_scale,
+            gain=noise.gain,
             progress=state.progress.read_value(),
             step=state.steps.read_value(),
         )

@@ -16,12 +16,10 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common import global_state
-from keras.src.losses.loss import unscale_loss_for_distribution
-from keras.src.saving.keras_saveable import KerasSaveable
+from typing_extensions import Unpack
 
-from tf_adabatch.engine import AdaptiveEngine
-from tf_adabatch.policies import BatchPolicy
+from tf_adabatch import _keras_seams as seams
+from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
 
 __all__ = ["LOGGED_KEYS", "attach"]
 
@@ -34,14 +32,7 @@ LOGGED_KEYS = ("batch_size", "gain", "similarity", "learning_rate", "progress")
 
 def attach(
     model: keras.Model,
-    *,
-    micro_batch_size: int,
-    base_batch_size: int | None = None,
-    policy: BatchPolicy | None = None,
-    similarity: str = "auto",
-    ema_decay: float | None = None,
-    jit_compile: bool = False,
-    max_consecutive_skips: int | None = 100,
+    **options: Unpack[EngineOptions],
 ) -> AdaptiveEngine:
     """Makes `model.fit` train with an adaptive batch size and the AdaScale statistics.
 
@@ -63,9 +54,9 @@ def attach(
 
     Args:
       model: a compiled, built Keras model with a single loss, not attached yet.
-      micro_batch_size, base_batch_size, policy, similarity, ema_decay, jit_compile,
-        max_consecutive_skips: as for `tf_adabatch.Trainer` (similarity "auto":
-        exact with two or more replicas, estimated with one).
+      **options: the engine's options, `tf_adabatch.EngineOptions`, as for
+        `tf_adabatch.Trainer` (`micro_batch_size` required; similarity "auto": exact
+        with two or more replicas, estimated with one).
 
     Returns:
       The engine. Its `state` and `policy` (batch size, gain, progress, moving
@@ -93,6 +84,7 @@ def attach(
     >>> history.history["batch_size"], int(engine.state.steps)  # 10 micro-batches, k = 2
     ([16.0, 16.0], 10)
     """
+    resolve_options(options, caller="attach")
     if getattr(model, "_adabatch_engine", None) is not None:
         raise ValueError(
             "Argument `model` is attached to tf_adabatch already; attach a model once. "
@@ -119,20 +111,17 @@ def attach(
         model,
         loss=loss,
         optimizer=model.optimizer,
-        micro_batch_size=micro_batch_size,
-        base_batch_size=base_batch_size,
-        policy=policy,
-        similarity=similarity,
-        ema_decay=ema_decay,
-        jit_compile=jit_compile,
-        max_consecutive_skips=max_consecutive_skips,
         strategy=strategy,
+        **options,
     )
     binding = _FitBinding(model, engine)
     engine.micro_step_hook = binding.update_metrics
-    model.make_train_function = binding.make_train_function
-    model.train_function = binding.train_function
-    model._maybe_symbolic_build = binding.maybe_symbolic_build
+    seams.install_fit_hooks(
+        model,
+        train_function=binding.train_function,
+        make_train_function=binding.make_train_function,
+        maybe_symbolic_build=binding.maybe_symbolic_build,
+    )
     model.fit = binding.wrap_fit(model.fit)
     model.compile = binding.refuse_compile
     model._adabatch_engine = engine  # keep it alive and findable from the model
@@ -164,11 +153,9 @@ def last_step_logs(model: keras.Model) -> dict[str, tf.Tensor]:
 class _FitBinding:
     """What `attach` puts in a model: train function, metric updates, epochs, checks.
 
-    Keras has no public hooks for these; each replaced method is pinned by
-    tests/test_keras_private.py: `make_train_function` / `train_function`,
-    `_maybe_symbolic_build(iterator=epoch_iterator)` (called by `fit` with its epoch
-    iterator before the callbacks are made, and by `evaluate`), the epoch iterator's
-    `data_adapter`, `_enumerate_iterator`, `_get_iterator`, `reset` and `_num_batches`.
+    Keras has no public hooks for these: they go through the seams of
+    `tf_adabatch._keras_seams` (`install_fit_hooks`, `symbolic_build`, the epoch
+    iterator's pieces, `update_loss_and_metrics`).
     """
 
     def __init__(self, model: keras.Model, engine: AdaptiveEngine) -> None:
@@ -197,13 +184,7 @@ class _FitBinding:
 
     def update_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Keras's `train_step` metric updates for one micro-batch (replica context)."""
-        model = self.model
-        loss = model._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        batch = tf.shape(next(v for v in tf.nest.flatten(x) if v is not None))[0]
-        model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=batch)
-        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        seams.update_loss_and_metrics(self.model, x, y, y_pred, sample_weight)
 
     # -------------------------------------------------------- fit and its epochs
 
@@ -267,12 +248,12 @@ class _FitBinding:
                 self._expect_train_iterator = False
                 self._adapt_epochs(iterator)
         with strategy.scope():
-            self.model._symbolic_build(data_batch=data_batch)
+            seams.symbolic_build(self.model, data_batch)
 
     def _adapt_epochs(self, epoch_iterator: Any) -> None:
         engine = self.engine
         unit = engine.num_replicas * engine.micro_batch_size
-        adapter = epoch_iterator.data_adapter
+        adapter = seams.epoch_data_adapter(epoch_iterator)
         kind = type(adapter).__name__
         batch = adapter.batch_size
         rule = (
@@ -300,7 +281,7 @@ class _FitBinding:
 
         def enumerate_optimizer_steps() -> Any:
             adapter.on_epoch_begin()
-            iterator = iter(epoch_iterator._get_iterator())
+            iterator = seams.new_epoch_iterator(epoch_iterator)
             used = step = 0
             while usable is None or used + engine.accumulation_steps <= usable:
                 k = engine.accumulation_steps
@@ -315,17 +296,11 @@ class _FitBinding:
                 )
             adapter.on_epoch_end()
 
-        reset = epoch_iterator.reset
-
-        def reset_unknown_length() -> None:
-            reset()
-            epoch_iterator._num_batches = None  # optimizer steps per epoch: not known
-
-        epoch_iterator._enumerate_iterator = enumerate_optimizer_steps
-        epoch_iterator.reset = reset_unknown_length
+        # Optimizer steps per epoch: not known in advance.
+        seams.replace_epoch_enumeration(epoch_iterator, enumerate_optimizer_steps)
 
 
-class _AdaptiveStateSaveable(KerasSaveable):
+class _AdaptiveStateSaveable(seams.Saveable):
     """The engine's state and policy variables as one Keras-saveable object.
 
     `attach` sets it as an attribute of the model, so Keras's own saving walks it like
@@ -335,28 +310,28 @@ class _AdaptiveStateSaveable(KerasSaveable):
     without the state (not attached) ignores that entry when it loads such a file, and
     an attached model loading a file without it keeps its current state.
 
-    Keras has no public hook for this: it relies on the private `KerasSaveable` base,
-    on saving walking a model's attributes and on its per-type attribute skip sets
-    (pinned by tests/test_keras_private.py and the round trips in tests/test_fit.py).
+    Keras has no public hook for this: it relies on saving walking a model's
+    attributes and on the seam `tf_adabatch._keras_seams.Saveable` (pinned by
+    tests/test_keras_private.py and the round trips in tests/test_fit.py).
     """
+
+    OBJ_TYPE = "AdaBatchState"
 
     def __init__(self, engine: AdaptiveEngine) -> None:
         self.name = "adabatch_state"
         self._engine = engine
-        self._get_variables = lambda: {
-            **{f"state.{_key(v)}": v for v in engine.state.variables},
-            **{f"policy.{_key(v)}": v for v in engine.policy.variables},
-            **{f"carried.{i}": v for i, v in enumerate(engine.carried_buffers)},
-        }
 
-    def _obj_type(self) -> str:
-        # Keras's saving asks for the attributes to skip per object type right after
-        # this call and knows only its own types; an empty skip set is registered for
-        # ours (again after `clear_session`, which clears Keras's global state).
-        key = "saving_attr_skiplist_AdaBatchState"
-        if global_state.get_global_attribute(key, None) is None:
-            global_state.set_global_attribute(key, set())
-        return "AdaBatchState"
+        def variables() -> dict[str, tf.Variable]:
+            # Keys "state.<name>", "policy.<name>", "carried.<i>".
+            out = {}
+            for name, part in engine.adaptive_state().items():
+                if name == "carried":
+                    out.update({f"carried.{i}": v for i, v in enumerate(part)})
+                else:
+                    out.update({f"{name}.{_key(v)}": v for v in part.variables})
+            return out
+
+        self._get_variables = variables
 
     def save_own_variables(self, store: Any) -> None:
         for key, variable in self._get_variables().items():

@@ -13,13 +13,11 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
-from keras.src.losses.losses import LossFunctionWrapper
-from keras.src.trainers.compile_utils import get_metric
+from typing_extensions import Unpack
 
+from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
-from tf_adabatch.engine import AdaptiveEngine
-from tf_adabatch.policies import BatchPolicy
+from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["Trainer"]
@@ -44,17 +42,13 @@ class Trainer:
       model: a built Keras model, created in the strategy's scope.
       loss: a Keras `Loss`, a loss name, or `(y_true, y_pred) -> per-example losses`.
       optimizer: any Keras optimizer (SGD, Adam, AdamW, ...), created in the scope.
-      micro_batch_size: examples per replica per micro-step.
-      base_batch_size: the batch the learning rate was tuned for; defaults to the
-        policy's initial batch size.
-      policy: a `tf_adabatch.policies.BatchPolicy`; default: static at one micro-step.
-      similarity: "exact", "estimated" or "auto" (default: exact with two or more
-        replicas, estimated with one; see `AdaptiveEngine`).
-      ema_decay: decay of the statistics' moving averages (default: fairscale's rule).
-      jit_compile: XLA-compile the replica step.
-      max_consecutive_skips: stop with `NonFiniteGradientsError` after this many
-        skipped (non-finite) steps in a row; None never stops.
       strategy: defaults to the current strategy (`tf.distribute.get_strategy()`).
+      **options: the engine's options, `tf_adabatch.EngineOptions`: `micro_batch_size`
+        (examples per replica per micro-step; required), `base_batch_size` (the batch
+        the learning rate was tuned for; default the policy's initial batch),
+        `policy` (default: static at one micro-step), `similarity` ("exact",
+        "estimated" or "auto"), `ema_decay`, `min_variance`, `jit_compile`,
+        `max_consecutive_skips`.
 
     Raises:
       ValueError: for an invalid argument; the message names it, the rule and the value.
@@ -78,15 +72,10 @@ class Trainer:
         *,
         loss: Any,
         optimizer: keras.optimizers.Optimizer,
-        micro_batch_size: int,
-        base_batch_size: int | None = None,
-        policy: BatchPolicy | None = None,
-        similarity: str = "auto",
-        ema_decay: float | None = None,
-        jit_compile: bool = False,
-        max_consecutive_skips: int | None = 100,
         strategy: tf.distribute.Strategy | None = None,
+        **options: Unpack[EngineOptions],
     ) -> None:
+        resolve_options(options, caller="Trainer")
         strategy = strategy or tf.distribute.get_strategy()
         for v in model.trainable_variables:
             if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
@@ -99,14 +88,8 @@ class Trainer:
             model,
             loss=loss,
             optimizer=optimizer,
-            micro_batch_size=micro_batch_size,
-            base_batch_size=base_batch_size,
-            policy=policy,
-            similarity=similarity,
-            ema_decay=ema_decay,
-            jit_compile=jit_compile,
-            max_consecutive_skips=max_consecutive_skips,
             strategy=strategy,
+            **options,
         )
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
@@ -380,14 +363,14 @@ class Trainer:
                         "weighted_metrics", weighted_metrics, y, y_pred, strategy, weighted=True
                     ),
                 ]
-            loss_obj = _reducing_loss(engine._loss_fn)
+            loss_obj = seams.reducing_loss(engine._loss_fn)
 
             def replica_step(data: Any) -> None:
                 x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
                 y_pred = model(x, training=False)
                 # Keras's test step: the Loss reduces per replica and divides by the
                 # replica count; undo that, add the model's losses, weight by the batch.
-                loss = unscale_loss_for_distribution(
+                loss = seams.undo_replica_scaling(
                     tf.cast(loss_obj(y, y_pred, sample_weight=sample_weight), tf.float32)
                 )
                 for extra in model.losses:
@@ -443,15 +426,14 @@ class Trainer:
     def checkpoint(self) -> tf.train.Checkpoint:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
-            extra = {}
-            if self.engine.carried_buffers:  # one replica, estimated similarity
-                extra["carried"] = self.engine.carried_buffers
+            # The adaptive state's parts; "state" is saved as "adabatch" (the name
+            # checkpoints have used since the first release).
+            parts = {
+                "adabatch" if name == "state" else name: part
+                for name, part in self.engine.adaptive_state().items()
+            }
             self._checkpoint = tf.train.Checkpoint(
-                model=self.engine.model,
-                optimizer=self.engine.optimizer,
-                adabatch=self.engine.state,
-                policy=self.engine.policy,
-                **extra,
+                model=self.engine.model, optimizer=self.engine.optimizer, **parts
             )
         return self._checkpoint
 
@@ -549,7 +531,7 @@ def _resolve_metrics(
         elif isinstance(spec, keras.metrics.Metric):
             metric = _in_scope(spec, strategy, argument)
         elif isinstance(spec, str) or callable(spec):
-            metric = get_metric(spec, y_true, y_pred)
+            metric = seams.resolve_metric(spec, y_true, y_pred)
         else:
             raise TypeError(
                 f"Argument `{argument}` must hold metric names, `keras.metrics.Metric` or "
@@ -578,19 +560,6 @@ def _in_scope(
             "and cannot be re-created from its config there; create it inside the "
             f"scope. Received: {metric!r} ({error})"
         ) from error
-
-
-def _reducing_loss(per_example: Any) -> keras.losses.Loss:
-    """The Keras `Loss` behind the engine's per-example loss function.
-
-    The engine keeps a `Loss` object's unreduced `call`; evaluation needs the object
-    itself (its reduction, sample weighting and masking). A function is wrapped as
-    `compile` wraps it (`LossFunctionWrapper`, which also accepts a scalar return).
-    """
-    owner = getattr(per_example, "__self__", None)
-    if isinstance(owner, keras.losses.Loss):
-        return owner
-    return LossFunctionWrapper(per_example)
 
 
 def _to_float(value: Any) -> Any:

@@ -1,0 +1,405 @@
+"""How one optimizer step measures its gradient groups: one class per similarity mode.
+
+A measurement owns its per-replica buffers and does three things:
+
+    accumulate (replica context)       add one micro-step's gradient and its float64
+                                        scalars [|g|^2, loss, 1] to this replica's
+                                        accumulators
+    reduce (replica context)           all-reduce this replica's sums once; returns the
+                                        mean gradient gbar and a typed `Reading`
+    interpret (cross-replica context)  this step's own noise moments (unclipped), whether
+                                        they may enter the moving averages, and the
+                                        groups' similarity
+
+The three modes:
+
+- `ExactGroups` (similarity "exact"): the two groups' gradients. Micro-gradient i of
+  replica r belongs to group A iff (i*N + r) is even; one all-reduce of [A+B, A-B]
+  gives the applied total and the cosine. With an odd N (1 included) a replica's
+  micro-steps fall into both groups: two accumulators. One replica needs k >= 2.
+- `ScalarMoments` (similarity "estimated", N >= 2): one all-reduce of the total; the
+  similarity is the expected cosine of two half-batches from the step's moments.
+- `DifferencedSingleReplica` (similarity "estimated", N = 1): as `ScalarMoments`, and
+  with one micro-gradient (k = 1) the moments come from the difference with the
+  previous step's gradient, which it keeps (and which checkpoints carry).
+
+`make_measurement` picks the class. The engine (`tf_adabatch.engine`) orchestrates:
+micro-loop, reduce, statistics, apply, policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tf_adabatch import stats as S
+
+__all__ = [
+    "SCOPES",
+    "DifferencedSingleReplica",
+    "ExactGroups",
+    "GroupMeasurement",
+    "Interpretation",
+    "Reading",
+    "ScalarMoments",
+    "make_measurement",
+    "min_accumulation_steps",
+]
+
+# Name scopes of the parts of one optimizer step, so that a profile (TensorBoard's trace
+# viewer, launch/profile_step.py) attributes every op to its part. They cost nothing at
+# run time.
+SCOPES = {
+    "micro": "adabatch_micro_step",
+    "accumulate": "adabatch_accumulate",
+    "grad_allreduce": "adabatch_grad_allreduce",
+    "scalar_allreduce": "adabatch_scalar_allreduce",
+    "statistics": "adabatch_statistics",
+    "apply": "adabatch_apply",
+    "rollback": "adabatch_rollback",
+    "policy": "adabatch_policy",
+}
+_F64 = tf.float64
+_ON_READ = {
+    "synchronization": tf.VariableSynchronization.ON_READ,
+    "aggregation": tf.VariableAggregation.SUM,
+    "trainable": False,
+}
+
+
+class Reading(NamedTuple):
+    """What one step's all-reduce measured (float64 scalars, identical on every replica).
+
+    Attributes:
+      num_micro: n, the micro-gradients all-reduced.
+      mean_sq: mean over them of |g_i|^2.
+      loss: their mean data loss.
+      grad_mean_sq: |gbar|^2.
+      extra: the mode's own terms: exact (g_A.g_B, |g_A|^2, |g_B|^2) of the two groups'
+        sums; differenced (gbar.g_prev, |gbar - g_prev|^2); otherwise empty.
+    """
+
+    num_micro: tf.Tensor
+    mean_sq: tf.Tensor
+    loss: tf.Tensor
+    grad_mean_sq: tf.Tensor
+    extra: tuple[tf.Tensor, ...] = ()
+
+
+class Interpretation(NamedTuple):
+    """A reading turned into statistics (cross-replica context).
+
+    Attributes:
+      moments: this step's own |G|^2 and tr(Sigma) estimates, unclipped.
+      valid: whether they may enter the moving averages.
+      similarity: the groups' similarity of this step.
+    """
+
+    moments: S.NoiseMoments
+    valid: tf.Tensor
+    similarity: tf.Tensor
+
+
+def _set_or_add(slot: list[tf.Variable], values: list[tf.Tensor], overwrite: tf.Tensor) -> None:
+    """slot = values if `overwrite` else slot + values (one `tf.cond`, replica-local)."""
+
+    def assign() -> None:
+        for var, value in zip(slot, values, strict=True):
+            var.assign(value)
+
+    def add() -> None:
+        for var, value in zip(slot, values, strict=True):
+            var.assign_add(value)
+
+    tf.cond(overwrite, assign, add)
+
+
+def micro_scalars(grads: list[tf.Tensor], data_loss: tf.Tensor) -> tf.Tensor:
+    """[|g|^2, loss, 1] of one micro-step, float64 (the accumulated scalars)."""
+    return tf.stack([S.sum_of_squares(grads), tf.cast(data_loss, _F64), tf.constant(1.0, _F64)])
+
+
+def _zeros_like(v: Any, prefix: str) -> tf.Variable:
+    name = f"{prefix}/{v.path}".replace(":", "_") if hasattr(v, "path") else prefix
+    return tf.Variable(tf.zeros(v.shape, dtype=v.dtype), name=name, **_ON_READ)
+
+
+def _replica_id() -> tf.Tensor:
+    return tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+
+
+class GroupMeasurement:
+    """Base: one accumulator per variable, the total all-reduced, scalar moments.
+
+    Create it inside the strategy's scope (it makes per-replica variables).
+
+    Attributes:
+      min_accumulation_steps: the smallest k the mode can measure with.
+      fuses_last_micro_step: whether the engine may hand the last micro-step's gradient
+        straight to `reduce` instead of accumulating it first.
+    """
+
+    mode = "estimated"
+    min_accumulation_steps = 1
+    fuses_last_micro_step = True
+
+    def __init__(
+        self, variables: list[Any], *, num_replicas: int, micro_batch_size: int, state: Any
+    ) -> None:
+        self.num_replicas = num_replicas
+        self.micro_batch_size = micro_batch_size
+        self.state = state  # the engine's `AdaptiveState` (k; the differenced batch)
+        self.acc = [_zeros_like(v, "acc") for v in variables]
+        # sum |g_i|^2, sum loss_i, count of micro-gradients: float64 per replica.
+        self.scalars = tf.Variable(tf.zeros([3], _F64), name="acc_scalars", **_ON_READ)
+
+    @property
+    def carried_buffers(self) -> list[tf.Variable]:
+        """Buffers the next step reads (to checkpoint, and to roll back on a skip)."""
+        return []
+
+    # ------------------------------------------------------------ replica context
+
+    def accumulate(
+        self, grads: list[tf.Tensor], data_loss: tf.Tensor, micro_index: tf.Tensor
+    ) -> None:
+        """Adds one micro-step's gradients and scalars to this replica's accumulators."""
+        # The first micro-step of an optimizer step overwrites the accumulators, so no
+        # reset pass is needed (and a step cut short by the end of the data is simply
+        # overwritten by the next one).
+        first = micro_index == 0
+        self._accumulate_gradients(grads, micro_index)
+        _set_or_add([self.scalars], [micro_scalars(grads, data_loss)], first)
+
+    def _accumulate_gradients(self, grads: list[tf.Tensor], micro_index: tf.Tensor) -> None:
+        _set_or_add(self.acc, grads, micro_index == 0)
+
+    def reduce(
+        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
+    ) -> tuple[Reading, list[tf.Tensor]]:
+        """All-reduces this replica's sums (default: the accumulators'); (reading, gbar)."""
+        ctx = tf.distribute.get_replica_context()
+        if local is None:
+            local = [a.read_value() for a in self.acc]
+        if local_scalars is None:
+            local_scalars = self.scalars.read_value()
+        total, total_sq, extra = self._all_reduce_gradients(ctx, local)
+        with tf.name_scope(SCOPES["scalar_allreduce"]):
+            scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
+        n = scalars[2]
+        gbar = [t / tf.cast(n, t.dtype) for t in total]
+        if total_sq is None:
+            grad_mean_sq = S.sum_of_squares(gbar)
+        else:
+            grad_mean_sq = total_sq / tf.square(tf.cast(n, _F64))
+        reading = Reading(n, scalars[0] / n, scalars[1] / n, grad_mean_sq, extra)
+        return self._after_reduce(reading, gbar), gbar
+
+    def _all_reduce_gradients(
+        self, ctx: Any, local: list[tf.Tensor]
+    ) -> tuple[list[tf.Tensor], tf.Tensor | None, tuple[tf.Tensor, ...]]:
+        """(total, |total|^2 if known, extra terms)."""
+        with tf.name_scope(SCOPES["grad_allreduce"]):
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local), None, ()
+
+    def _after_reduce(self, reading: Reading, gbar: list[tf.Tensor]) -> Reading:
+        return reading
+
+    # ------------------------------------------------------ cross-replica context
+
+    def interpret(self, reading: Reading, batch: tf.Tensor, finite: tf.Tensor) -> Interpretation:
+        """This step's moments, their validity and the similarity."""
+        moments = S.step_moments(
+            reading.mean_sq, reading.grad_mean_sq, reading.num_micro, self.micro_batch_size
+        )
+        return self._interpret(reading, moments, reading.num_micro >= 2.0, batch, finite)
+
+    def _interpret(
+        self,
+        reading: Reading,
+        moments: S.NoiseMoments,
+        valid: tf.Tensor,
+        batch: tf.Tensor,
+        finite: tf.Tensor,
+    ) -> Interpretation:
+        # The similarity reads this step's own moments (unclipped): like exact mode's
+        # per-step cosine it has no memory, so the batch follows a change of the noise
+        # at once instead of lagging behind the gain's long moving averages.
+        similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)
+        return Interpretation(moments, valid, similarity)
+
+
+class ScalarMoments(GroupMeasurement):
+    """Estimated similarity on N >= 2 replicas: the total all-reduced, no group terms.
+
+    >>> ScalarMoments.mode, ScalarMoments.min_accumulation_steps
+    ('estimated', 1)
+    """
+
+
+class DifferencedSingleReplica(ScalarMoments):
+    """Estimated similarity on one replica. With k >= 2 micro-gradients the step's own
+    moments; with k = 1 the moments from the difference between this step's gradient
+    and the previous one's (`stats.differenced_moments`), kept in `prev`.
+
+    >>> DifferencedSingleReplica.fuses_last_micro_step
+    True
+    """
+
+    def __init__(self, variables: list[Any], **kwargs: Any) -> None:
+        super().__init__(variables, **kwargs)
+        self.prev = [_zeros_like(v, "prev_grad") for v in variables]
+
+    @property
+    def carried_buffers(self) -> list[tf.Variable]:
+        return list(self.prev)
+
+    def _after_reduce(self, reading: Reading, gbar: list[tf.Tensor]) -> Reading:
+        dot_prev = S.dot(gbar, [p.read_value() for p in self.prev])
+        diff_sq = S.sum_of_squares(
+            [g - p.read_value() for g, p in zip(gbar, self.prev, strict=True)]
+        )
+        finite = tf.math.is_finite(reading.grad_mean_sq) & tf.math.is_finite(reading.mean_sq)
+        for p, g in zip(self.prev, gbar, strict=True):
+            p.assign(tf.where(finite, g, p.read_value()))
+        return reading._replace(extra=(dot_prev, diff_sq))
+
+    def _interpret(
+        self,
+        reading: Reading,
+        moments: S.NoiseMoments,
+        valid: tf.Tensor,
+        batch: tf.Tensor,
+        finite: tf.Tensor,
+    ) -> Interpretation:
+        state = self.state
+        dot_prev, diff_sq = reading.extra
+        diff = S.differenced_moments(dot_prev, diff_sq, batch, state.prev_batch_size)
+        has_prev = state.prev_batch_size > 0.0
+        moments = S.NoiseMoments(
+            *(tf.where(valid, w, d) for w, d in zip(moments, diff, strict=True))
+        )
+        valid = valid | has_prev
+        state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
+        return super()._interpret(reading, moments, valid, batch, finite)
+
+
+class ExactGroups(GroupMeasurement):
+    """Exact similarity: the cosine of the two groups' mean gradients.
+
+    Group A holds micro-gradient i of replica r iff (i*N + r) is even. With an even N a
+    replica's micro-steps all fall into one group (a sign flip suffices); with an odd N
+    (one replica included) they fall into both: a second accumulator (`acc_odd`), and
+    the last micro-step is accumulated like the others before the reduce.
+
+    >>> ExactGroups.mode
+    'exact'
+    """
+
+    mode = "exact"
+
+    def __init__(self, variables: list[Any], **kwargs: Any) -> None:
+        super().__init__(variables, **kwargs)
+        self.two_slots = self.num_replicas % 2 == 1
+        self.acc_odd = [_zeros_like(v, "acc_odd") for v in variables] if self.two_slots else []
+        self.min_accumulation_steps = min_accumulation_steps("exact", self.num_replicas)
+        self.fuses_last_micro_step = not self.two_slots
+
+    def _accumulate_gradients(self, grads: list[tf.Tensor], micro_index: tf.Tensor) -> None:
+        if not self.two_slots:
+            super()._accumulate_gradients(grads, micro_index)
+            return
+        # Odd N: micro-step i of replica r goes to slot (i*N + r) mod 2; each slot's
+        # first micro-step is i = 0 or i = 1.
+        odd = tf.math.floormod(
+            tf.cast(micro_index, tf.int64) * self.num_replicas + _replica_id(), 2
+        )
+        tf.cond(
+            odd == 1,
+            lambda: _set_or_add(self.acc_odd, grads, micro_index < 2),
+            lambda: _set_or_add(self.acc, grads, micro_index < 2),
+        )
+
+    def _all_reduce_gradients(
+        self, ctx: Any, local: list[tf.Tensor]
+    ) -> tuple[list[tf.Tensor], tf.Tensor | None, tuple[tf.Tensor, ...]]:
+        # One all-reduce of [A + B, A - B] (A, B: this replica's part of the two groups'
+        # sums) yields the total T = sum_A + sum_B that is applied and the difference
+        # D = sum_A - sum_B; the three inner products of the groups follow from |T|^2,
+        # |D|^2 and T.D (and |T|^2 is needed anyway).
+        replica = _replica_id()
+        if self.two_slots:
+            # With k = 1 a replica writes only its own slot (r mod 2); the other one
+            # holds an earlier step's values.
+            k = self.state.accumulation_steps
+            even_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 0)
+            odd_ok = (k >= 2) | (tf.math.floormod(replica, 2) == 1)
+            sums, diffs = [], []
+            for a, b in zip(local, self.acc_odd, strict=True):
+                even = tf.where(even_ok, a, tf.zeros_like(a))
+                odd = tf.where(odd_ok, b.read_value(), tf.zeros_like(a))
+                sums.append(even + odd)
+                diffs.append(even - odd)
+        else:
+            odd_replica = tf.math.floormod(replica, 2) == 1
+            sums = local
+            diffs = [a * tf.cast(tf.where(odd_replica, -1.0, 1.0), a.dtype) for a in local]
+        # One all-reduce call of the 2L tensors (no stacking): tf.distribute packs them
+        # into one collective, as it does the L tensors in estimated mode.
+        with tf.name_scope(SCOPES["grad_allreduce"]):
+            reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sums + diffs)
+        total, diff = reduced[: len(local)], reduced[len(local) :]
+        total_sq = S.sum_of_squares(total)
+        diff_sq = S.sum_of_squares(diff)
+        cross = S.dot(total, diff)
+        # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
+        dot_ab = (total_sq - diff_sq) / 4.0
+        sq_a = (total_sq + 2.0 * cross + diff_sq) / 4.0
+        sq_b = (total_sq - 2.0 * cross + diff_sq) / 4.0
+        return total, total_sq, (dot_ab, sq_a, sq_b)
+
+    def _interpret(
+        self,
+        reading: Reading,
+        moments: S.NoiseMoments,
+        valid: tf.Tensor,
+        batch: tf.Tensor,
+        finite: tf.Tensor,
+    ) -> Interpretation:
+        return Interpretation(moments, valid, S.cosine_similarity(*reading.extra))
+
+
+def min_accumulation_steps(mode: str, num_replicas: int) -> int:
+    """The smallest k a mode can measure with: 2 for exact similarity on one replica
+    (two groups from its micro-steps), else 1.
+
+    >>> min_accumulation_steps("exact", 1), min_accumulation_steps("exact", 3)
+    (2, 1)
+    """
+    return 2 if (mode == "exact" and num_replicas == 1) else 1
+
+
+def make_measurement(
+    mode: str, variables: list[Any], *, num_replicas: int, micro_batch_size: int, state: Any
+) -> GroupMeasurement:
+    """The measurement of a similarity mode ("exact" or "estimated") on N replicas.
+
+    Create it inside the strategy's scope.
+
+    >>> import keras
+    >>> v = [keras.Variable(np.zeros(3, np.float32))]
+    >>> from tf_adabatch.state import AdaptiveState
+    >>> m = make_measurement("estimated", v, num_replicas=1, micro_batch_size=4,
+    ...                      state=AdaptiveState())
+    >>> type(m).__name__, len(m.carried_buffers)
+    ('DifferencedSingleReplica', 1)
+    """
+    kwargs = dict(num_replicas=num_replicas, micro_batch_size=micro_batch_size, state=state)
+    if mode == "exact":
+        return ExactGroups(variables, **kwargs)
+    if mode != "estimated":
+        raise ValueError(f"Argument `mode` must be 'exact' or 'estimated'. Received: mode={mode!r}")
+    if num_replicas == 1:
+        return DifferencedSingleReplica(variables, **kwargs)
+    return ScalarMoments(variables, **kwargs)
