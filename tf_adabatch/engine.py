@@ -567,7 +567,7 @@ class AdaptiveEngine:
         nearest reachable one (a multiple of this engine's unit, within the policy's
         bounds); the differenced estimator's previous gradient (one replica, estimated
         similarity) is not carried over. Progress, moving averages, the policy's state
-        and the samples seen are unchanged. Host code; `experiment.run` and Keras's
+        and the samples seen are unchanged. Host code; `tf_adabatch.app.run` and Keras's
         loading under `attach` call it after a restore.
 
         Returns:

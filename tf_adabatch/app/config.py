@@ -24,6 +24,7 @@ from tf_adabatch.app import factories
 from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.models import MODELS
 from tf_adabatch.engine import SIMILARITY_MODES
+from tf_adabatch.measure import min_accumulation_steps
 
 __all__ = ["ConfigError", "check_workdir", "validate_config"]
 
@@ -139,8 +140,8 @@ def _check_reachable(config: ml_collections.ConfigDict) -> None:
         return
     replicas, what = known
     unit = replicas * c.micro_batch_size
-    # One replica in exact-similarity mode needs two micro-steps (two groups).
-    least = 2 * unit if replicas == 1 and c.similarity == "exact" else unit
+    # The measurement's own rule (one replica in exact mode needs two micro-steps).
+    least = min_accumulation_steps(c.similarity, replicas) * unit
     rule = (
         f"be a multiple of {what} x micro_batch_size = {replicas} x {c.micro_batch_size} = {unit}"
     )
