@@ -10,7 +10,9 @@ intact checkpoint.
 
 Exit codes: 0 done; 2 bad flag, config, workdir, or checkpoints that cannot be resumed
 (one line on stderr); 3 stopped on `train.max_consecutive_skips` non-finite steps in a
-row; 4 multi-worker: lost a worker.
+row; 4 multi-worker: lost a worker; 143 (128 + SIGTERM) preempted: a SIGTERM made every
+worker save a checkpoint at the same optimizer step (one line on stderr; rerun the same
+command to resume; `--config.train.preemption=False` lets SIGTERM kill the job instead).
 """
 
 from __future__ import annotations
@@ -82,7 +84,14 @@ def main(argv: list[str]) -> None:
 
     logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the progress bar
     import_tensorflow_quietly()
-    from tf_adabatch.app import ConfigError, ResumeError, WorkerLostError, run
+    from tf_adabatch.app import (
+        PREEMPTED_EXIT_CODE,
+        ConfigError,
+        Preempted,
+        ResumeError,
+        WorkerLostError,
+        run,
+    )
     from tf_adabatch.engine import NonFiniteGradientsError
 
     try:
@@ -96,6 +105,9 @@ def main(argv: list[str]) -> None:
     except WorkerLostError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(4)
+    except Preempted as err:
+        print(f"preempted: {err}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def _config_file_error(err: BaseException, argv: list[str]) -> str | None:

@@ -291,6 +291,11 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
             r"Config field `train.max_consecutive_skips` must be an integer >= 1 or None. Received: train.max_consecutive_skips=0",
         ),
         (
+            "train.preemption",
+            "yes",
+            r"Config field `train.preemption` must be True or False. Received: train.preemption='yes'",
+        ),
+        (
             "train.base_epochs",
             float("inf"),
             r"Config field `train.base_epochs` must be a finite number > 0. Received: train.base_epochs=inf",

@@ -142,8 +142,13 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
         np.testing.assert_allclose(results[0][name], w, rtol=1e-5, atol=1e-6)
 
 
-def start_workers(workdir: Path, ports: list[int]) -> list[subprocess.Popen]:
-    """launch/train.py on the synthetic config as 2 MultiWorkerMirroredStrategy workers."""
+def start_workers(
+    workdir: Path, ports: list[int], extra: tuple[str, ...] = ()
+) -> list[subprocess.Popen]:
+    """launch/train.py on the synthetic config as 2 MultiWorkerMirroredStrategy workers.
+
+    `extra`: more flags (after the defaults, so they override them).
+    """
     logs = workdir.parent
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
@@ -161,6 +166,7 @@ def start_workers(workdir: Path, ports: list[int]) -> list[subprocess.Popen]:
             "--config.deterministic=True",
             "--config.train.base_epochs=1.0",
             "--config.train.checkpoint_every_steps=5",
+            *extra,
         ]
         # Output to files, not pipes: a pipe nobody reads while waiting can fill and block.
         paths = (logs / f"{workdir.name}-{index}.out", logs / f"{workdir.name}-{index}.err")

@@ -8,6 +8,7 @@ absl-py, ml-collections, tensorflow-datasets). Its modules, by job:
 - `factories`: strategy, durations, model, policy, learning rate, optimizer;
 - `checkpoints`: resuming from the newest intact checkpoint, the job's fingerprint;
 - `workers`: multi-worker identity, the same-checkpoint check, a lost worker;
+- `preemption`: SIGTERM -> a checkpoint at an agreed optimizer step -> `Preempted`;
 - `loop`: `run`, the outer loop with its evaluate / checkpoint / summary actions;
 - `data`, `models`: the datasets and the small models the shipped configs use.
 
@@ -20,12 +21,15 @@ from tf_adabatch.app.checkpoints import ResumeError, restore_newest_readable
 from tf_adabatch.app.config import ConfigError, validate_config
 from tf_adabatch.app.factories import POLICIES, STRATEGIES, make_strategy
 from tf_adabatch.app.loop import run
+from tf_adabatch.app.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tf_adabatch.app.workers import WorkerLostError
 
 __all__ = [
     "POLICIES",
+    "PREEMPTED_EXIT_CODE",
     "STRATEGIES",
     "ConfigError",
+    "Preempted",
     "ResumeError",
     "WorkerLostError",
     "make_strategy",

@@ -238,6 +238,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         isinstance(c.deterministic, bool), "deterministic", "be True or False", c.deterministic
     )
     _require_int(c, "train.max_steps", 1, optional=True)
+    _require(
+        isinstance(c.train.preemption, bool),
+        "train.preemption",
+        "be True or False",
+        c.train.preemption,
+    )
     # The library's own rules (no TensorFlow op may run here: `make_strategy` comes first).
     _build("policy", lambda: factories.make_policy(c), factories.POLICY_ARGUMENTS[c.policy.kind][1])
     _build("lr", lambda: factories.make_schedule(c, 1), factories.SCHEDULE_ARGUMENTS)

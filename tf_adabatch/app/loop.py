@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from tf_adabatch import summaries
 from tf_adabatch.app import checkpoints, factories, workers
+from tf_adabatch.app import preemption as preemption_lib
 from tf_adabatch.app.config import ConfigError, check_workdir, validate_config
 from tf_adabatch.app.data import pipeline
 from tf_adabatch.trainer import Trainer
@@ -211,12 +212,15 @@ class CheckpointEvery(keras.callbacks.Callback):
     """Saves every `every` optimizer steps (skipped ones counted), and once at the end.
 
     Never while steps are being skipped: if the run stops on `NonFiniteGradientsError`,
-    its last checkpoint predates the skipped steps.
+    its last checkpoint predates the skipped steps (unless a preemption saved inside the
+    streak: that checkpoint counts the skips, and resuming from it is exact).
 
     Args:
       manager: where to save.
       every: optimizer steps between saves.
       restored_step: the step of the checkpoint resumed from (0 for a new run).
+      preemption: told of every step after the periodic save (`PreemptionWatch.after_step`:
+        after a SIGTERM it saves at the step the workers agree on and raises `Preempted`).
 
     >>> import tempfile
     >>> v = tf.Variable(0.0)
@@ -230,16 +234,24 @@ class CheckpointEvery(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, manager: tf.train.CheckpointManager, *, every: int, restored_step: int
+        self,
+        manager: tf.train.CheckpointManager,
+        *,
+        every: int,
+        restored_step: int,
+        preemption: preemption_lib.PreemptionWatch | None = None,
     ) -> None:
         super().__init__()
         self.manager, self.every, self.restored_step = manager, every, restored_step
+        self.preemption = preemption
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         logs = logs or {}
         step = int(logs.get("step", 0))
         if step % self.every == 0 and not logs.get("consecutive_skips", 0.0):
             self.manager.save(checkpoint_number=step)
+        if self.preemption is not None:
+            self.preemption.after_step(step)
 
     def save_final(self, *, step: int, consecutive_skips: int) -> None:
         """A final checkpoint unless the last step's save took it, or nothing was trained.
@@ -351,6 +363,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
         a row (no checkpoint is written while skipping: the last one predates them).
       WorkerLostError: multi-worker only, when another worker died (or the workers
         restored different checkpoints).
+      Preempted: after a SIGTERM (with `train.preemption`, the default), once the
+        checkpoint of the step every worker agreed on is written (`launch/train.py`
+        exits 143); rerunning resumes from it. The previous SIGTERM handler is back
+        when `run` returns or raises.
 
     Example (two optimizer steps of the synthetic config on one device):
 
@@ -364,9 +380,34 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     """
     validate_config(config)
     check_workdir(workdir)
+    # Installed first: a SIGTERM during the start-up saves after the first step.
+    watch = preemption_lib.PreemptionWatch() if config.train.preemption else None
+    clean = False
+    try:
+        metrics = _run(config, workdir, verbose=verbose, watch=watch)
+        clean = True
+    except preemption_lib.Preempted:
+        clean = True
+        raise
+    finally:
+        if watch is not None:
+            watch.close(clean=clean)
+    return metrics
+
+
+def _run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    verbose: int,
+    watch: preemption_lib.PreemptionWatch | None,
+) -> dict[str, Any]:
+    """`run` once validated, with the SIGTERM watch installed (or None)."""
     log: Log = print if verbose else (lambda *args: None)
     start = time.time()
     strategy = factories.make_strategy(config)
+    if watch is not None:  # a multi-worker strategy's coordination service took SIGTERM
+        watch.reinstall()
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
@@ -400,6 +441,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     manager = tf.train.CheckpointManager(
         trainer.checkpoint, os.path.join(outdir, "checkpoints"), max_to_keep=2
     )
+    if watch is not None:  # every worker, on its own manager
+        watch.start(strategy, manager)
 
     # The input, and the outer loop's actions.
     samples = int(trainer.state.samples_seen.numpy())
@@ -423,7 +466,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     )
     restored = total_steps(trainer)  # the step of the checkpoint resumed from (0 for a new run)
     saving = CheckpointEvery(
-        manager, every=config.train.checkpoint_every_steps, restored_step=restored
+        manager,
+        every=config.train.checkpoint_every_steps,
+        restored_step=restored,
+        preemption=watch,
     )
     evaluating = EvaluateEvery(
         evaluation, every=durations.eval_every, progress=trainer.progress, newline=bool(verbose)
