@@ -301,3 +301,34 @@ def test_private_keras_names_live_in_one_module() -> None:
     assert set(users) == {"_keras_seams.py"}, users
     # Every alternative of the pattern is really used there (the pattern is not stale).
     assert len(users["_keras_seams.py"]) == _PRIVATE_KERAS.pattern.count("|") + 1
+
+
+def test_preemption_handler_pieces_the_preemption_watch_relies_on(tmp_path) -> None:
+    """`tf_adabatch.app.preemption.PreemptionWatch` reads the handler's `_platform_device`
+    (GCE CPU / TPU VMs: the handler does nothing), stops its polling thread by calling
+    `__del__` in the main thread, and gives it a dummy checkpoint because the handler
+    adds its `checkpointed_runs` variable to the one it gets."""
+    import threading
+
+    flag = [False]
+    dummy = tf.train.Checkpoint()
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        None,
+        dummy,
+        checkpoint_dir=str(tmp_path / "unused"),
+        termination_config=tf.distribute.experimental.TerminationConfig(
+            termination_watcher_fn=lambda: flag[0],
+            exit_fn=lambda: None,
+            grace_period=0,
+            save_fn=lambda *args, **kwargs: None,
+        ),
+    )
+    assert str(handler._platform_device) == "PlatformDevice.INTERNAL_CPU"  # not on GCP here
+    assert hasattr(dummy, "checkpointed_runs")
+    pollers = [
+        t for t in threading.enumerate() if t.name == "WorkerTerminationSignalWatcher-single_worker"
+    ]
+    assert len(pollers) == 1 and pollers[0].is_alive()
+    handler.__del__()
+    assert not pollers[0].is_alive()
+    assert not list(tmp_path.iterdir())  # it wrote nothing

@@ -1,7 +1,7 @@
 """Preemption: SIGTERM -> a checkpoint at an optimizer-step boundary -> exit 143 -> exact resume.
 
 `launch/train.py` on the synthetic config (SimiGrad + AdaScale, `deterministic=True`),
-signalled once its first periodic checkpoint exists (step 3 finished, so the signal
+signalled once its first periodic checkpoint exists (step 2 finished, so the signal
 arrives in a later step). TensorFlow's `PreemptionCheckpointHandler` agrees on "the step
 after the one that saw the signal", so the checkpoint's step s must exceed the newest
 periodic checkpoint's at signal time. The rerun of the same command must resume from
@@ -33,11 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 240
 FLAGS = (
     "--config.deterministic=True",
-    "--config.train.base_epochs=1.0",  # 26 optimizer steps
-    "--config.train.checkpoint_every_steps=3",
+    "--config.train.base_epochs=1.0",  # 26 optimizer steps: the polling (1 s) fits
+    "--config.train.checkpoint_every_steps=2",
 )
 
-TINY = ("--config.train.base_epochs=0.5",)  # multi-worker: 13 steps, a checkpoint every 5
+# Multi-worker (steps are slower): 13 steps, a checkpoint every 2.
+TINY = ("--config.train.base_epochs=0.5", "--config.train.checkpoint_every_steps=2")
 
 
 def start(workdir: Path, *extra: str) -> subprocess.Popen:
@@ -121,7 +122,7 @@ def test_sigterm_saves_at_the_next_step_boundary_exits_143_and_the_rerun_is_exac
     assert code == 143, err[-3000:]
     saved = checkpoint_numbers(str(ckpts))[0]
     # Signalled after step `at_signal` was saved: the agreed step is a later one.
-    assert saved > at_signal >= 3, (saved, at_signal)
+    assert saved > at_signal >= 2, (saved, at_signal)
     assert json.loads((tmp_path / "full" / "metrics.json").read_text())["optimizer_steps"] > saved
     lines = [line for line in err.splitlines() if line.startswith("preempted:")]
     assert lines == [
@@ -134,7 +135,7 @@ def test_sigterm_saves_at_the_next_step_boundary_exits_143_and_the_rerun_is_exac
     code, err, out = wait(start(run))
     assert code == 0, err[-3000:]
     assert f"Resumed from {ckpts / f'ckpt-{saved}'}:" in out, out[-2000:]
-    assert_same_end(tmp_path / "full", run, preempted_at=saved, every=3)
+    assert_same_end(tmp_path / "full", run, preempted_at=saved, every=2)
 
 
 def test_without_train_preemption_sigterm_kills_as_before(tmp_path: Path) -> None:
@@ -171,5 +172,5 @@ def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(
         assert code == 0, err[-3000:]
         assert f"Resumed from {run / 'checkpoints' / f'ckpt-{saved[0]}'}:" in out, out[-2000:]
     assert_same_end(
-        tmp_path / "full", run, preempted_at=saved[0], every=5, workers=(run / "worker-1",)
+        tmp_path / "full", run, preempted_at=saved[0], every=2, workers=(run / "worker-1",)
     )

@@ -8,7 +8,8 @@ orbit's `Controller` and actions):
 - `EvaluateEvery` runs the `Evaluation` (test set, eval summaries) each time the progress
   passes another `train.eval_every_base_epochs`;
 - `CheckpointEvery` saves every `train.checkpoint_every_steps` optimizer steps, and once
-  more at the end;
+  more at the end; after a SIGTERM its `PreemptionWatch` (`tf_adabatch.app.preemption`)
+  saves at the step every worker agrees on and raises `Preempted`;
 - `write_metrics` writes the closing summary, `metrics.json`.
 
 Workdir layout:
