@@ -17,14 +17,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_multiworker import finish, start_workers
 
+from configs import synthetic
 from launch.multiworker import free_ports
-from tf_adabatch import summaries
+from tf_adabatch import app, summaries
 from tf_adabatch.app.checkpoints import checkpoint_numbers
 
 from helpers import checkpoint_values
@@ -145,6 +148,25 @@ def test_without_train_preemption_sigterm_kills_as_before(tmp_path: Path) -> Non
     code, err, _ = wait(proc)
     assert code == -signal.SIGTERM, err[-3000:]
     assert "preempted:" not in err
+
+
+def test_preemption_outside_the_main_thread_is_a_config_error(tmp_path: Path) -> None:
+    config = synthetic.get_config()
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            app.run(config, str(tmp_path), verbose=0)
+        except BaseException as err:  # handed to the main thread
+            raised.append(err)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    assert len(raised) == 1
+    with pytest.raises(app.ConfigError, match=r"`train.preemption` must be False .* main thread"):
+        raise raised[0]
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(

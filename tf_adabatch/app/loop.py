@@ -36,6 +36,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -355,7 +356,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
 
     Raises:
       ConfigError: for a config value that breaks a rule, or a workdir that is not
-        a writable folder.
+        a writable folder (or `train.preemption` outside the main thread).
       ResumeError: the workdir has checkpoints but none is readable (a damaged newer
         one is passed over with a warning when an older one is intact), or another
         job wrote them (a different model, dataset, seed, loss, optimizer kind,
@@ -381,8 +382,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, verbose: int = 1) ->
     """
     validate_config(config)
     check_workdir(workdir)
-    # Installed first: a SIGTERM during the start-up saves after the first step.
-    watch = preemption_lib.PreemptionWatch() if config.train.preemption else None
+    # Installed first: a SIGTERM during the start-up is kept and acted on in the first steps.
+    watch = None
+    if config.train.preemption:
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError(
+                "Config field `train.preemption` must be False when `run` is called outside "
+                "the main thread (only the main thread can install a SIGTERM handler). "
+                "Received: train.preemption=True"
+            )
+        watch = preemption_lib.PreemptionWatch()
     clean = False
     try:
         metrics = _run(config, workdir, verbose=verbose, watch=watch)
