@@ -23,12 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from test_multiworker import finish, start_workers
 
 from configs import synthetic
 from launch.multiworker import free_ports
 from tf_adabatch import app, summaries
 from tf_adabatch.app.checkpoints import checkpoint_numbers
+from tf_adabatch.app.loop import CheckpointEvery
+from tf_adabatch.app.preemption import Preempted, PreemptionWatch
 
 from helpers import checkpoint_values
 
@@ -148,6 +151,42 @@ def test_without_train_preemption_sigterm_kills_as_before(tmp_path: Path) -> Non
     code, err, _ = wait(proc)
     assert code == -signal.SIGTERM, err[-3000:]
     assert "preempted:" not in err
+
+
+@pytest.mark.parametrize("skipping", [True, False])
+def test_checkpoint_action_saves_once_at_the_agreed_step(tmp_path: Path, skipping: bool) -> None:
+    """In process: SIGTERM to this process, steps of 20 ms through `CheckpointEvery`.
+
+    skipping: every step is a skipped one (no periodic save): the preemption saves anyway.
+    Else a periodic save every step: the preemption's save is not a second one.
+    """
+    before = signal.getsignal(signal.SIGTERM)
+    v = tf.Variable(0.0)
+    checkpoint = tf.train.Checkpoint(v=v)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=100)
+    watch = PreemptionWatch()
+    try:
+        watch.start(tf.distribute.get_strategy(), manager)
+        action = CheckpointEvery(manager, every=1, restored_step=0, preemption=watch)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert watch.signalled
+        with pytest.raises(Preempted) as info:
+            for step in range(1, 500):  # the handler polls once a second
+                time.sleep(0.02)
+                v.assign(float(step))  # the "training"
+                logs = {"step": step, "consecutive_skips": float(skipping)}
+                action.on_train_batch_end(step - 1, logs)
+    finally:
+        watch.close()
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+    saved = info.value.step
+    assert saved == step >= 2  # at the step it raised, after the one that saw the signal
+    assert info.value.checkpoint == os.path.join(str(tmp_path), f"ckpt-{saved}")
+    assert checkpoint_numbers(str(tmp_path)) == ([saved] if skipping else list(range(saved, 0, -1)))
+    assert tf.train.load_checkpoint(info.value.checkpoint).get_tensor(
+        "v/.ATTRIBUTES/VARIABLE_VALUE"
+    ) == float(saved)
+    assert int(checkpoint.save_counter) == (1 if skipping else saved)  # one save per step
 
 
 def test_preemption_outside_the_main_thread_is_a_config_error(tmp_path: Path) -> None:
