@@ -27,7 +27,7 @@ MODULES = [
     "tf_adabatch.schedules",
     "tf_adabatch.engine",
     "tf_adabatch.trainer",
-    "tf_adabatch.fit",
+    "tf_adabatch.keras_fit",
     "tf_adabatch.callbacks",
     "tf_adabatch.summaries",
     "tf_adabatch.app.models",

@@ -10,7 +10,7 @@ True
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
 from tf_adabatch.engine import AdaptiveEngine, EngineOptions, NonFiniteGradientsError
-from tf_adabatch.fit import attach
+from tf_adabatch.keras_fit import attach
 from tf_adabatch.policies import (
     BatchPolicy,
     GoodputPolicy,
