@@ -36,6 +36,7 @@ MODULES = [
     "tf_adabatch.app.factories",
     "tf_adabatch.app.checkpoints",
     "tf_adabatch.app.workers",
+    "tf_adabatch.app.cluster",
     "tf_adabatch.app.loop",
     "tf_adabatch.app.data",
     "tf_adabatch.app.data.pipeline",
