@@ -12,12 +12,15 @@ import os
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_multiworker import finish, start_workers
 
 from configs import synthetic
 from tf_adabatch import app
 from tf_adabatch.app import cluster
+
+from helpers import checkpoint_values
 
 SLURM_VARIABLES = (
     "SLURM_PROCID",
@@ -214,6 +217,12 @@ def test_slurm_launch_of_two_tasks_trains_to_the_end_on_both(tmp_path: Path) -> 
     assert not list(tmp_path.glob("*.called")), "the resolver ran scontrol or nvidia-smi"
     # One job of two workers: task 1 saw itself as worker 1 (its own folder), both report
     # 2 replicas in sync, and both ended with the same metrics (same final evaluation).
+    # Every variable of the two tasks' last checkpoints is the same (model, optimizer,
+    # adaptive state): one synchronous job, not two independent runs.
+    mine, theirs = checkpoint_values(run), checkpoint_values(run / "worker-1")
+    assert set(mine) == set(theirs) and len(mine) > 10
+    for name, value in mine.items():
+        np.testing.assert_array_equal(theirs[name], value, err_msg=name)
     chief = json.loads((run / "metrics.json").read_text())
     other = json.loads((run / "worker-1" / "metrics.json").read_text())
     assert chief["replicas"] == 2
