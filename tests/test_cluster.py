@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from tf_adabatch.app import cluster
 
 from helpers import checkpoint_values
 
+HERE = Path(__file__).resolve().parent
 SLURM_VARIABLES = (
     "SLURM_PROCID",
     "SLURM_LOCALID",
@@ -231,3 +234,50 @@ def test_slurm_launch_of_two_tasks_trains_to_the_end_on_both(tmp_path: Path) -> 
     assert {k: v for k, v in other.items() if k not in timings} == {
         k: v for k, v in chief.items() if k not in timings
     }
+
+
+def parsed_config(argv: list[str], monkeypatch):
+    """launch/train.py's flags (a locked config file plus overrides) parsed by absl."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
+    flags.DEFINE_string("workdir", None, "", flag_values=values)
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])  # where ml_collections finds overrides
+    values(sys.argv)
+    return values.config
+
+
+def test_the_shipped_sbatch_script_and_manifest_run_valid_configs(monkeypatch) -> None:
+    """The srun line of launch/slurm/train.sbatch and the TFJob's command are train.py
+    command lines whose config passes `validate_config` (no TensorFlow op runs)."""
+    import shlex
+
+    import yaml  # PyYAML: a dependency of ml_collections
+
+    root = HERE.parent
+    script = (root / "launch" / "slurm" / "train.sbatch").read_text()
+    defaults = dict(re.findall(r"^(\w+)=\$\{\1:-(.*)\}$", script, flags=re.M))
+    assert set(defaults) == {"CONFIG", "WORKDIR"}
+    (srun,) = re.findall(r"^srun .*?[^\\]$", script.replace("\\\n", " "), flags=re.M)
+    config_file = str(root / defaults["CONFIG"])
+    words = shlex.split(srun.replace("$CONFIG", config_file).replace("$WORKDIR", "w"))
+    start = words.index("launch/train.py")
+    assert words[start - 1] == "python"
+    config = parsed_config(words[start + 1 :], monkeypatch)
+    assert (config.strategy, config.cluster) == ("multi_worker", "slurm")
+    app.validate_config(config)
+
+    manifest = list(yaml.safe_load_all((root / "launch" / "k8s" / "tfjob.yaml").read_text()))
+    (job,) = [d for d in manifest if d["kind"] == "TFJob"]
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    assert (worker["replicas"], worker["restartPolicy"]) == (2, "ExitCode")
+    (container,) = worker["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["python", "launch/train.py"]
+    config = parsed_config(
+        [a.replace("configs/", f"{root}/configs/") for a in command[2:]], monkeypatch
+    )
+    assert (config.strategy, config.cluster) == ("multi_worker", "tf_config")
+    app.validate_config(config)
