@@ -20,6 +20,13 @@ import tensorflow as tf
 __all__ = ["CLUSTERS", "slurm_resolver"]
 
 CLUSTERS = ("tf_config", "slurm")
+# What SlurmClusterResolver reads (with the GPU count given, as here).
+_SLURM_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
 
 
 def _config_error(message: str) -> Exception:
@@ -62,8 +69,7 @@ def slurm_resolver(*, port_base: int) -> tf.distribute.cluster_resolver.ClusterR
     ...              "SLURM_STEP_TASKS_PER_NODE"):
     ...     del os.environ[name]
     """
-    needed = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST")
-    missing = [name for name in (*needed, "SLURM_STEP_TASKS_PER_NODE") if name not in os.environ]
+    missing = [name for name in _SLURM_VARIABLES if name not in os.environ]
     if missing:
         raise _config_error(
             "Config field `cluster`='slurm' needs the environment of a SLURM task (run "
