@@ -129,7 +129,8 @@ def test_two_workers_then_one_process_keep_the_batch(tmp_path: Path, capsys) -> 
     """A 2-worker run (1 replica each, micro-batch 16, static batch 32: k = 1) resumed by
     one process on one device (unit 16: k = 2). Not compared with an uninterrupted run:
     each worker's input pipeline shuffles its own half of the data, one process shuffles
-    all of it, so the examples after the resume differ (a different, equally valid order)."""
+    all of it and skips as many examples, so the examples after the resume are another
+    draw (within this epoch some repeat, others are left out), not the continuation."""
     run = tmp_path / "run"
     static = ("--config.policy.kind=static", "--config.policy.initial_batch_size=32")
     for code, err, _ in finish(
