@@ -10,6 +10,9 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   dataset                   fashion_mnist | digits | synthetic
   model                     cnn | mlp
   strategy                  mirrored | one_device | multi_worker | tpu
+  cluster                   multi_worker only: how the workers find each other:
+                            tf_config (TF_CONFIG; Kubernetes TFJob) | slurm (srun's environment)
+  slurm_port_base           cluster=slurm: port of a node's first task (task i: base + i)
   num_cpu_replicas          mirrored without GPUs: logical CPU devices to simulate
   micro_batch_size          examples per replica per micro-step
   base_batch_size           B0: the batch the learning rate and schedule are tuned for
@@ -45,6 +48,8 @@ def get_config() -> config_dict.ConfigDict:
     config.dataset = "fashion_mnist"
     config.model = "cnn"
     config.strategy = "mirrored"
+    config.cluster = "tf_config"
+    config.slurm_port_base = 8888
     config.num_cpu_replicas = 4
     config.micro_batch_size = 32
     config.base_batch_size = 128

@@ -12,7 +12,9 @@ chief) writes checkpoints, TensorBoard logs and metrics into WORKDIR, worker i >
 WORKDIR/worker-i (MultiWorkerMirroredStrategy needs every worker to save); all resume
 from the chief's checkpoints, so rerunning the same command resumes.
 
-On a real cluster, set TF_CONFIG on each machine yourself, e.g. for worker 1 of 2:
+On a real cluster, use SLURM's environment (`--config.cluster=slurm`,
+launch/slurm/train.sbatch), a Kubeflow TFJob (launch/k8s/tfjob.yaml), or set TF_CONFIG
+on each machine yourself, e.g. for worker 1 of 2:
 
     TF_CONFIG='{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 1}}' \
         python launch/train.py --config=configs/fashion_mnist.py --workdir=/shared/run --config.strategy=multi_worker

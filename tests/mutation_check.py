@@ -258,7 +258,7 @@ MUTANTS = [
     ),
     Mutant(
         "keras_saveable_drops_policy",
-        "tf_adabatch/fit.py",
+        "tf_adabatch/keras_fit.py",
         'out.update({f"{name}.{_key(v)}": v for v in part.variables})',
         'out.update({f"{name}.{_key(v)}": v for v in part.variables if name != "policy"})',
         (f"{G}::test_a_keras_save_of_another_policys_state_is_refused",),

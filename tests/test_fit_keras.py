@@ -95,7 +95,7 @@ def test_attached_fit_equals_plain_keras(replicas: int) -> None:
     history, our_warnings = run_recording_warnings(lambda: model.fit(x, y, **fit_kwargs))
     assert our_warnings <= plain_warnings  # nothing beyond plain Keras's own
     assert not any("ran out of data" in m for m in our_warnings)
-    assert set(history.history) == set(expected.history) | set(tf_adabatch.fit.LOGGED_KEYS)
+    assert set(history.history) == set(expected.history) | set(tf_adabatch.keras_fit.LOGGED_KEYS)
     assert not INTERNAL & set(history.history)
     for name, values in expected.history.items():
         np.testing.assert_allclose(history.history[name], values, rtol=1e-5, err_msg=name)

@@ -189,7 +189,7 @@ def test_keras_variables_are_backed_by_a_tf_variable_in_value() -> None:
 
 
 def test_fit_epoch_iterator_and_metric_pieces_attach_relies_on() -> None:
-    """`tf_adabatch.fit` (through the seams) relies on: fit calling `_maybe_symbolic_build`
+    """`tf_adabatch.keras_fit` (through the seams) relies on: fit calling `_maybe_symbolic_build`
     with its epoch iterator before `reset()` and before the callbacks take
     `epoch_iterator.num_batches`; the epoch iterator's `__iter__` calling the instance's
     `_enumerate_iterator`, its `_get_iterator`, `_num_batches`, `steps_per_epoch` and

@@ -203,6 +203,13 @@ def refusals(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
             f"--workdir={root / 'missing'}",
         ],
         "workdir_is_a_file": [f"--config={SYNTHETIC}", f"--workdir={root / 'a_file'}"],
+        # Not run by srun: no SLURM_* variables (the test process has none; checked below).
+        "slurm_outside_srun": [
+            f"--config={SYNTHETIC}",
+            f"--workdir={root / 'slurm'}",
+            "--config.strategy=multi_worker",
+            "--config.cluster=slurm",
+        ],
     }
     (root / "a_file").write_text("")
     for name, (source, _) in BROKEN_CONFIGS.items():
@@ -416,6 +423,15 @@ def test_broken_config_file_fails_with_one_clear_line(refusals, name: str) -> No
 @pytest.mark.parametrize("name", sorted(BAD_FLAGS))
 def test_bad_flag_fails_with_one_clear_line(refusals, name: str) -> None:
     assert refused(refusals[1], f"flag_{name}") == [BAD_FLAGS[name][1]]
+
+
+def test_slurm_cluster_outside_a_slurm_task_fails_with_one_clear_line(refusals) -> None:
+    assert not [name for name in os.environ if name.startswith("SLURM_")]
+    assert refused(refusals[1], "slurm_outside_srun") == [
+        "error: Config field `cluster`='slurm' needs the environment of a SLURM task (run "
+        "under `srun`). Not set: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
+        "SLURM_STEP_TASKS_PER_NODE"
+    ]
 
 
 def test_workdir_that_is_a_file_fails_with_one_clear_line(refusals) -> None:

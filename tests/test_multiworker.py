@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -143,20 +144,31 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
 
 
 def start_workers(
-    workdir: Path, ports: list[int], extra: tuple[str, ...] = ()
+    workdir: Path,
+    ports: list[int],
+    *,
+    placement: Callable[[int], dict[str, str]] | None = None,
+    extra_flags: tuple[str, ...] = (),
 ) -> list[subprocess.Popen]:
-    """launch/train.py on the synthetic config as 2 MultiWorkerMirroredStrategy workers.
+    """launch/train.py on the synthetic config as MultiWorkerMirroredStrategy workers.
 
-    `extra`: more flags (after the defaults, so they override them).
+    `placement(index)`: the environment variables that place worker `index` (default:
+    TF_CONFIG over `ports`); `extra_flags` are appended to the command line.
     """
     logs = workdir.parent
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for index in range(len(ports)):
-        env = dict(
-            os.environ,
-            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+        placed = (
+            placement(index)
+            if placement
+            else {
+                "TF_CONFIG": json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                )
+            }
         )
+        env = dict(os.environ, **placed)
         cmd = [
             sys.executable,
             str(HERE.parent / "launch" / "train.py"),
@@ -166,7 +178,7 @@ def start_workers(
             "--config.deterministic=True",
             "--config.train.base_epochs=1.0",
             "--config.train.checkpoint_every_steps=5",
-            *extra,
+            *extra_flags,
         ]
         # Output to files, not pipes: a pipe nobody reads while waiting can fill and block.
         paths = (logs / f"{workdir.name}-{index}.out", logs / f"{workdir.name}-{index}.err")

@@ -211,11 +211,11 @@ def test_preemption_outside_the_main_thread_is_a_config_error(tmp_path: Path) ->
 def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(
     tmp_path: Path,
 ) -> None:
-    for code, err, _ in finish(start_workers(tmp_path / "full", free_ports(2), TINY)):
+    for code, err, _ in finish(start_workers(tmp_path / "full", free_ports(2), extra_flags=TINY)):
         assert code == 0, err[-3000:]
 
     run = tmp_path / "run"
-    procs = start_workers(run, free_ports(2), TINY)
+    procs = start_workers(run, free_ports(2), extra_flags=TINY)
     try:
         at_signal = signal_after_first_checkpoint(procs[1], run / "checkpoints")
         # The signal goes to the non-chief worker only: the chief learns of it from its peer.
@@ -229,7 +229,7 @@ def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(
         saved.append(number)
     assert saved[0] == saved[1] > at_signal, (saved, at_signal)
 
-    for code, err, out in finish(start_workers(run, free_ports(2), TINY)):
+    for code, err, out in finish(start_workers(run, free_ports(2), extra_flags=TINY)):
         assert code == 0, err[-3000:]
         assert f"Resumed from {run / 'checkpoints' / f'ckpt-{saved[0]}'}:" in out, out[-2000:]
     assert_same_end(

@@ -9,8 +9,9 @@ True
 
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
-from tf_adabatch.engine import AdaptiveEngine, EngineOptions, NonFiniteGradientsError
-from tf_adabatch.fit import attach
+from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
+from tf_adabatch.keras_fit import attach
+from tf_adabatch.options import EngineOptions
 from tf_adabatch.policies import (
     BatchPolicy,
     GoodputPolicy,

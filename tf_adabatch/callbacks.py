@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 from tf_adabatch import summaries
-from tf_adabatch.fit import attached_engine, last_step_logs
+from tf_adabatch.keras_fit import attached_engine, last_step_logs
 
 __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 

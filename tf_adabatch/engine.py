@@ -38,7 +38,7 @@ import keras
 import tensorflow as tf
 
 # typing_extensions comes with TensorFlow; `Unpack` / `Required` for Python 3.10.
-from typing_extensions import Required, TypedDict, Unpack
+from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
@@ -50,7 +50,9 @@ from tf_adabatch.measure import (
     micro_scalars,
     min_accumulation_steps,
 )
-from tf_adabatch.policies import BatchPolicy, GoodputPolicy, StaticPolicy, StepStats
+from tf_adabatch.options import EngineOptions, resolve_options
+from tf_adabatch.policies import GoodputPolicy, StaticPolicy, StepStats
+from tf_adabatch.rollback import StepRollback
 from tf_adabatch.schedules import AdaptiveLearningRate
 from tf_adabatch.state import AdaptiveState
 
@@ -67,75 +69,6 @@ SIMILARITY_MODES = ("exact", "estimated")
 # gives progress_per_second without reading the progress variable before the step).
 _PROGRESS_INCREMENT = "_progress_increment"
 _F64 = tf.float64
-
-
-class EngineOptions(TypedDict, total=False):
-    """The adaptive engine's options: one definition for every front door.
-
-    `AdaptiveEngine`, `Trainer` and `attach` take these as keyword arguments (checked
-    once, by the engine):
-
-      micro_batch_size: m, examples per replica per micro-step (required, fixed).
-      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
-        Defaults to the policy's initial batch size.
-      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
-      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
-        "estimated" (from the step's own scalar moments, no extra communication;
-        like the exact cosine, a per-step reading with no memory) or "auto"
-        (default): exact with two or more replicas, estimated with one (where exact
-        needs k >= 2 micro-steps, which the default policy does not give).
-      ema_decay: decay of the moving averages behind the gain and the noise scale
-        (not the similarity); `None` (default) uses fairscale's max(1 - n/1000, 0)
-        with n the micro-gradients of the step.
-      min_variance: per-step floor of tr(Sigma)/B0 (default fairscale's 1e-6).
-      jit_compile: XLA-compile the replica functions (the micro-step always; the
-        reduce and apply steps too on a single replica). Default False.
-      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
-        (non-finite) steps in a row (default 100); None never stops.
-
-    >>> sorted(resolve_options({"micro_batch_size": 8}).items())[:3]
-    [('base_batch_size', None), ('ema_decay', None), ('jit_compile', False)]
-    """
-
-    micro_batch_size: Required[int]
-    base_batch_size: int | None
-    policy: BatchPolicy | None
-    similarity: str
-    ema_decay: float | None
-    min_variance: float
-    jit_compile: bool
-    max_consecutive_skips: int | None
-
-
-_OPTION_DEFAULTS: dict[str, Any] = {
-    "base_batch_size": None,
-    "policy": None,
-    "similarity": "auto",
-    "ema_decay": None,
-    "min_variance": 1e-6,
-    "jit_compile": False,
-    "max_consecutive_skips": 100,
-}
-
-
-def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str, Any]:
-    """Every `EngineOptions` key with its value or default; unknown or missing ones refused.
-
-    >>> resolve_options({"micro_batch_size": 8, "batch": 4})
-    Traceback (most recent call last):
-    ...
-    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
-    """
-    known = EngineOptions.__annotations__
-    for name in options:
-        if name not in known:
-            raise TypeError(
-                f"{caller}() got an unexpected keyword argument {name!r}; its options are "
-                f"{', '.join(sorted(known))} (tf_adabatch.EngineOptions)."
-            )
-    if "micro_batch_size" not in options:
-        raise TypeError(f"{caller}() missing required keyword argument: 'micro_batch_size'")
-    return {**_OPTION_DEFAULTS, **options}
 
 
 class NonFiniteGradientsError(RuntimeError):
@@ -212,98 +145,6 @@ class _Noise(NamedTuple):
     grad_sqr: tf.Tensor  # debiased moving average of |G|^2
     trace_sigma: tf.Tensor  # debiased moving average of per-example tr(Sigma)
     noise_scale: tf.Tensor
-
-
-class _Rollback:
-    """What one optimizer step may write, saved at its start so that a skip undoes it.
-
-    Two kinds of variables, saved two ways (called in cross-replica context, inside
-    `tf.function`):
-    - `local`: variables whose per-device copies may differ (BatchNormalization's
-      moving statistics, which Keras updates per replica; seed generators; per-replica
-      buffers). Each device's copy is copied into a backup beside it, created with the
-      same synchronization so that `strategy.experimental_local_results` pairs their
-      components: no cross-device traffic, no synchronisation point.
-    - `mirrored`: variables kept identical on every device (trainable weights,
-      optimizer slots, the adaptive state). `save` returns their values as tensors
-      (one read each); `restore` assigns them back to every device, which happens only
-      on a roll-back.
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        *,
-        local: list[Any],
-        mirrored: list[Any],
-        unchecked: list[Any],
-        name: str,
-    ) -> None:
-        self._strategy, self._name = strategy, name
-        self.local: list[Any] = []
-        self._pairs: list[tuple[Any, Any]] = []
-        self._checked: list[Any] = []  # per-device copies whose finiteness counts
-        self.add_local(local)
-        self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
-        # The adaptive state may hold NaN legitimately (no similarity yet): only the
-        # weights and the optimizer's variables count in the finiteness check.
-        unchecked_ids = {id(v) for v in _unique(unchecked)}
-        self._checked_mirrored = [v for v in self.mirrored if id(v) not in unchecked_ids]
-
-    def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
-        """Saves these too from now on (host code, before the step is traced)."""
-        with self._strategy.scope():
-            for tv in _unique(variables):
-                if any(tv is v for v in self.local):
-                    continue
-                backup = tf.Variable(
-                    tf.zeros(tv.shape, tv.dtype),
-                    name=f"{self._name}_{len(self.local)}",
-                    trainable=False,
-                    synchronization=tv.synchronization,
-                    aggregation=tv.aggregation,
-                )
-                sources = self._strategy.experimental_local_results(tv)
-                copies = self._strategy.experimental_local_results(backup)
-                if len(sources) != len(copies):
-                    # Not one copy per device (e.g. a metric variable made outside the
-                    # strategy's scope): no per-device pairing, so not guarded.
-                    continue
-                self.local.append(tv)
-                self._pairs.extend(zip(sources, copies, strict=True))
-                if check_finite:
-                    self._checked.extend(sources)
-
-    def save(self) -> list[tf.Tensor]:
-        for source, copy in self._pairs:
-            copy.assign(source)
-        return [v.read_value() for v in self.mirrored]
-
-    def restore_local(self) -> None:
-        for source, copy in self._pairs:
-            source.assign(copy)
-
-    def restore_mirrored(self, saved: list[tf.Tensor]) -> None:
-        for variable, value in zip(self.mirrored, saved, strict=True):
-            variable.assign(value)
-
-    def all_finite(self) -> tf.Tensor:
-        """Whether every floating-point variable checked holds only finite values (every
-        copy of the local ones, the first copy of the mirrored ones; not the adaptive
-        state's, nor the metrics')."""
-        values = self._checked + self._checked_mirrored
-        checks = [
-            tf.reduce_all(tf.math.is_finite(v.read_value())) for v in values if v.dtype.is_floating
-        ]
-        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
-def _unique(variables: list[Any]) -> list[Any]:
-    unique: dict[int, Any] = {}
-    for v in variables:
-        tv = seams.tf_variable(v)
-        unique.setdefault(id(tv), tv)
-    return list(unique.values())
 
 
 class AdaptiveEngine:
@@ -476,7 +317,7 @@ class AdaptiveEngine:
         # must stick).
         trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
         optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
-        self._rollback = _Rollback(
+        self._rollback = StepRollback(
             self.strategy,
             local=[
                 *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),

@@ -78,6 +78,9 @@ class Reading(NamedTuple):
       grad_mean_sq: |gbar|^2.
       extra: the mode's own terms: exact (g_A.g_B, |g_A|^2, |g_B|^2) of the two groups'
         sums; differenced (gbar.g_prev, |gbar - g_prev|^2); otherwise empty.
+
+    >>> Reading(num_micro=4.0, mean_sq=2.0, loss=0.5, grad_mean_sq=1.0).extra
+    ()
     """
 
     num_micro: tf.Tensor
@@ -94,6 +97,9 @@ class Interpretation(NamedTuple):
       moments: this step's own |G|^2 and tr(Sigma) estimates, unclipped.
       valid: whether they may enter the moving averages.
       similarity: the groups' similarity of this step.
+
+    >>> Interpretation(S.NoiseMoments(1.0, 8.0), True, 0.5).moments.trace_sigma
+    8.0
     """
 
     moments: S.NoiseMoments
@@ -138,6 +144,9 @@ class GroupMeasurement:
       min_accumulation_steps: the smallest k the mode can measure with.
       fuses_last_micro_step: whether the engine may hand the last micro-step's gradient
         straight to `reduce` instead of accumulating it first.
+
+    >>> GroupMeasurement.mode, GroupMeasurement.min_accumulation_steps
+    ('estimated', 1)
     """
 
     mode = "estimated"

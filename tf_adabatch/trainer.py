@@ -17,7 +17,8 @@ from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
-from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
+from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.options import EngineOptions, resolve_options
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["Trainer"]

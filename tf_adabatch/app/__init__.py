@@ -8,6 +8,7 @@ absl-py, ml-collections, tensorflow-datasets). Its modules, by job:
 - `factories`: strategy, durations, model, policy, learning rate, optimizer;
 - `checkpoints`: resuming from the newest intact checkpoint, the job's fingerprint;
 - `workers`: multi-worker identity, the same-checkpoint check, a lost worker;
+- `cluster`: where the workers are (TF_CONFIG or SLURM, TensorFlow's cluster resolvers);
 - `preemption`: SIGTERM -> a checkpoint at an agreed optimizer step -> `Preempted`;
 - `loop`: `run`, the outer loop with its evaluate / checkpoint / summary actions;
 - `data`, `models`: the datasets and the small models the shipped configs use.

@@ -21,6 +21,7 @@ import ml_collections
 import tensorflow as tf
 
 from tf_adabatch.app import factories
+from tf_adabatch.app.cluster import CLUSTERS
 from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.models import MODELS
 from tf_adabatch.engine import SIMILARITY_MODES
@@ -189,6 +190,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         "strategy",
         f"be one of {factories.STRATEGIES}",
         c.strategy,
+    )
+    _require(c.cluster in CLUSTERS, "cluster", _one_of(CLUSTERS), c.cluster)
+    _require(
+        c.cluster == "tf_config" or c.strategy == "multi_worker",
+        "cluster",
+        "be 'tf_config' unless strategy='multi_worker' (it chooses how the workers find "
+        f"each other; strategy={c.strategy!r} has one worker)",
+        c.cluster,
+    )
+    _require(
+        _is_int(c.slurm_port_base) and 1 <= c.slurm_port_base <= 65535,
+        "slurm_port_base",
+        "be an integer in [1, 65535]",
+        c.slurm_port_base,
     )
     _require_int(c, "seed", 0)
     _require_int(c, "num_cpu_replicas", 1)

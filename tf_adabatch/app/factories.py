@@ -18,6 +18,7 @@ import ml_collections
 import tensorflow as tf
 
 from tf_adabatch import policies
+from tf_adabatch.app import cluster
 from tf_adabatch.app.models import build_model
 from tf_adabatch.schedules import AdaptiveLearningRate
 
@@ -117,7 +118,13 @@ def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     """The strategy named by `config.strategy` (call before any other TensorFlow op).
 
     "mirrored" uses all local GPUs, or `num_cpu_replicas` logical CPU devices when
-    there are none; "multi_worker" reads TF_CONFIG; "tpu" connects to the local TPU.
+    there are none; "multi_worker" finds its workers through `config.cluster`'s
+    resolver (TF_CONFIG, or SLURM's environment: `tf_adabatch.app.cluster`); "tpu"
+    connects to the local TPU.
+
+    Raises:
+      ConfigError: `cluster="slurm"` outside a SLURM task, or a task placement
+        TensorFlow's resolver gets wrong.
 
     >>> from configs import base
     >>> config = base.get_config()
@@ -132,7 +139,10 @@ def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     if kind == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        if config.cluster == "slurm":
+            resolver = cluster.slurm_resolver(port_base=config.slurm_port_base)
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        return tf.distribute.MultiWorkerMirroredStrategy()  # TF_CONFIG
     gpus = tf.config.list_physical_devices("GPU")
     if kind == "one_device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")

@@ -19,7 +19,8 @@ import tensorflow as tf
 from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
-from tf_adabatch.engine import AdaptiveEngine, EngineOptions, resolve_options
+from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.options import EngineOptions, resolve_options
 
 __all__ = ["LOGGED_KEYS", "attach"]
 

@@ -1,0 +1,81 @@
+"""The adaptive engine's options: one definition for `AdaptiveEngine`, `Trainer` and `attach`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# typing_extensions comes with TensorFlow; `Required` for Python 3.10.
+from typing_extensions import Required, TypedDict
+
+from tf_adabatch.policies import BatchPolicy
+
+__all__ = ["EngineOptions", "resolve_options"]
+
+
+class EngineOptions(TypedDict, total=False):
+    """The adaptive engine's options: one definition for every front door.
+
+    `AdaptiveEngine`, `Trainer` and `attach` take these as keyword arguments (checked
+    once, by the engine):
+
+      micro_batch_size: m, examples per replica per micro-step (required, fixed).
+      base_batch_size: B0, the batch the learning rate was tuned for (for the gain).
+        Defaults to the policy's initial batch size.
+      policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
+      similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
+        "estimated" (from the step's own scalar moments, no extra communication;
+        like the exact cosine, a per-step reading with no memory) or "auto"
+        (default): exact with two or more replicas, estimated with one (where exact
+        needs k >= 2 micro-steps, which the default policy does not give).
+      ema_decay: decay of the moving averages behind the gain and the noise scale
+        (not the similarity); `None` (default) uses fairscale's max(1 - n/1000, 0)
+        with n the micro-gradients of the step.
+      min_variance: per-step floor of tr(Sigma)/B0 (default fairscale's 1e-6).
+      jit_compile: XLA-compile the replica functions (the micro-step always; the
+        reduce and apply steps too on a single replica). Default False.
+      max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
+        (non-finite) steps in a row (default 100); None never stops.
+
+    >>> sorted(resolve_options({"micro_batch_size": 8}).items())[:3]
+    [('base_batch_size', None), ('ema_decay', None), ('jit_compile', False)]
+    """
+
+    micro_batch_size: Required[int]
+    base_batch_size: int | None
+    policy: BatchPolicy | None
+    similarity: str
+    ema_decay: float | None
+    min_variance: float
+    jit_compile: bool
+    max_consecutive_skips: int | None
+
+
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "base_batch_size": None,
+    "policy": None,
+    "similarity": "auto",
+    "ema_decay": None,
+    "min_variance": 1e-6,
+    "jit_compile": False,
+    "max_consecutive_skips": 100,
+}
+
+
+def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str, Any]:
+    """Every `EngineOptions` key with its value or default; unknown or missing ones refused.
+
+    >>> resolve_options({"micro_batch_size": 8, "batch": 4})
+    Traceback (most recent call last):
+    ...
+    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
+    """
+    known = EngineOptions.__annotations__
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {name!r}; its options are "
+                f"{', '.join(sorted(known))} (tf_adabatch.EngineOptions)."
+            )
+    if "micro_batch_size" not in options:
+        raise TypeError(f"{caller}() missing required keyword argument: 'micro_batch_size'")
+    return {**_OPTION_DEFAULTS, **options}

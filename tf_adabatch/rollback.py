@@ -1,0 +1,116 @@
+"""What one optimizer step may write, saved at its start so that a skipped step undoes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tf_adabatch import _keras_seams as seams
+
+__all__ = ["StepRollback"]
+
+
+class StepRollback:
+    """What one optimizer step may write, saved at its start so that a skip undoes it.
+
+    Two kinds of variables, saved two ways (called in cross-replica context, inside
+    `tf.function`):
+    - `local`: variables whose per-device copies may differ (BatchNormalization's
+      moving statistics, which Keras updates per replica; seed generators; per-replica
+      buffers). Each device's copy is copied into a backup beside it, created with the
+      same synchronization so that `strategy.experimental_local_results` pairs their
+      components: no cross-device traffic, no synchronisation point.
+    - `mirrored`: variables kept identical on every device (trainable weights,
+      optimizer slots, the adaptive state). `save` returns their values as tensors
+      (one read each); `restore` assigns them back to every device, which happens only
+      on a roll-back.
+
+    Example (the default strategy; a mirrored variable written, then rolled back):
+
+    >>> w = tf.Variable([1.0, 2.0])
+    >>> rollback = StepRollback(tf.distribute.get_strategy(), local=[], mirrored=[w],
+    ...                         unchecked=[], name="doc_backup")
+    >>> saved = rollback.save()
+    >>> _ = w.assign([float("nan"), 0.0])
+    >>> bool(rollback.all_finite())
+    False
+    >>> rollback.restore_mirrored(saved)
+    >>> w.numpy().tolist()
+    [1.0, 2.0]
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        *,
+        local: list[Any],
+        mirrored: list[Any],
+        unchecked: list[Any],
+        name: str,
+    ) -> None:
+        self._strategy, self._name = strategy, name
+        self.local: list[Any] = []
+        self._pairs: list[tuple[Any, Any]] = []
+        self._checked: list[Any] = []  # per-device copies whose finiteness counts
+        self.add_local(local)
+        self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
+        # The adaptive state may hold NaN legitimately (no similarity yet): only the
+        # weights and the optimizer's variables count in the finiteness check.
+        unchecked_ids = {id(v) for v in _unique(unchecked)}
+        self._checked_mirrored = [v for v in self.mirrored if id(v) not in unchecked_ids]
+
+    def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
+        """Saves these too from now on (host code, before the step is traced)."""
+        with self._strategy.scope():
+            for tv in _unique(variables):
+                if any(tv is v for v in self.local):
+                    continue
+                backup = tf.Variable(
+                    tf.zeros(tv.shape, tv.dtype),
+                    name=f"{self._name}_{len(self.local)}",
+                    trainable=False,
+                    synchronization=tv.synchronization,
+                    aggregation=tv.aggregation,
+                )
+                sources = self._strategy.experimental_local_results(tv)
+                copies = self._strategy.experimental_local_results(backup)
+                if len(sources) != len(copies):
+                    # Not one copy per device (e.g. a metric variable made outside the
+                    # strategy's scope): no per-device pairing, so not guarded.
+                    continue
+                self.local.append(tv)
+                self._pairs.extend(zip(sources, copies, strict=True))
+                if check_finite:
+                    self._checked.extend(sources)
+
+    def save(self) -> list[tf.Tensor]:
+        for source, copy in self._pairs:
+            copy.assign(source)
+        return [v.read_value() for v in self.mirrored]
+
+    def restore_local(self) -> None:
+        for source, copy in self._pairs:
+            source.assign(copy)
+
+    def restore_mirrored(self, saved: list[tf.Tensor]) -> None:
+        for variable, value in zip(self.mirrored, saved, strict=True):
+            variable.assign(value)
+
+    def all_finite(self) -> tf.Tensor:
+        """Whether every floating-point variable checked holds only finite values (every
+        copy of the local ones, the first copy of the mirrored ones; not the adaptive
+        state's, nor the metrics')."""
+        values = self._checked + self._checked_mirrored
+        checks = [
+            tf.reduce_all(tf.math.is_finite(v.read_value())) for v in values if v.dtype.is_floating
+        ]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _unique(variables: list[Any]) -> list[Any]:
+    unique: dict[int, Any] = {}
+    for v in variables:
+        tv = seams.tf_variable(v)
+        unique.setdefault(id(tv), tv)
+    return list(unique.values())
