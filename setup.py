@@ -42,6 +42,7 @@ setup(
         "test": [
             *LAUNCH,
             "pytest>=8",
+            "pytest-xdist>=3.5",  # the suite runs in two processes (pyproject addopts)
             "matplotlib>=3.7",  # the benchmark smoke test
             "hypothesis>=6.100",
             "scikit-learn>=1.3",
