@@ -408,7 +408,19 @@ def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(copy)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    cmd = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-rf", "-p", "no:randomly", *tests]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-n",
+        "0",
+        "-x",
+        "-q",
+        "-rf",
+        "-p",
+        "no:randomly",
+        *tests,
+    ]
     try:
         result = subprocess.run(
             cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
