@@ -43,8 +43,9 @@ FLAGS = (
     "--config.train.checkpoint_every_steps=2",
 )
 
-# Multi-worker (steps are slower): 13 steps, a checkpoint every 2.
-TINY = ("--config.train.base_epochs=0.5", "--config.train.checkpoint_every_steps=2")
+# Multi-worker: 26 steps, a checkpoint every 2. With 13 steps the run once ended (exit 0)
+# before the handler's 1 s polling and agreement step took effect (CI, 2026-12-03).
+TINY = ("--config.train.base_epochs=1.0", "--config.train.checkpoint_every_steps=2")
 
 
 def start(workdir: Path, *extra: str) -> subprocess.Popen:
