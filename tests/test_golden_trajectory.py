@@ -69,23 +69,18 @@ def trajectory(door: str, mode: str, replicas: int) -> dict[str, np.ndarray]:
     x, y = regression_data(1024, seed=5)
     data = global_micro_batches(x, y, unit).repeat()
     common = dict(micro_batch_size=M, base_batch_size=unit, policy=policy, similarity=mode)
-    logs: dict[str, list[float]] = {name: [] for name in LOGGED}
     if door == "loop":
         trainer = tf_adabatch.Trainer(
             model, loss="mse", optimizer=optimizer, strategy=strategy, **common
         )
         history = trainer.fit(data, steps=STEPS, verbose=0)
-        for name in LOGGED:
-            logs[name] = history[name]
     else:
         with strategy.scope():
             model.compile(optimizer=optimizer, loss="mse")
         tf_adabatch.attach(model, **common)
         # One optimizer step per epoch: History then holds every step's values.
         history = model.fit(data, epochs=STEPS, steps_per_epoch=1, verbose=0).history
-        for name in LOGGED:
-            logs[name] = history[name]
-    out = {name: np.asarray(values, np.float64) for name, values in logs.items()}
+    out = {name: np.asarray(history[name], np.float64) for name in LOGGED}
     for i, w in enumerate(weights(model)):
         out[f"weight{i}"] = w
     return out
