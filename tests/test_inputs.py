@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -93,6 +95,56 @@ def test_numpy_integers_are_accepted_where_ints_are() -> None:
         trainer.engine.set_batch_size(np.float64(16.0))
     with pytest.raises(ValueError, match=r"Received: micro_batch_size=True"):
         two_replica_trainer(micro_batch_size=True)
+
+
+def test_policies_schedules_and_budgets_take_numpy_integers_as_python_ints() -> None:
+    """docs/reliability.md: integer arguments accept any integer type (not bool). The
+    policies and the schedule refused `np.int64` while the engine and configs took it."""
+    i64 = np.int64
+    checked = [
+        tf_adabatch.StaticPolicy(i64(64)).initial_batch_size,
+        *(
+            getattr(
+                tf_adabatch.SimiGradPolicy(
+                    0.5,
+                    initial_batch_size=i64(32),
+                    min_batch_size=np.int32(16),
+                    max_batch_size=i64(128),
+                    interval=i64(2),
+                ),
+                name,
+            )
+            for name in ("initial_batch_size", "min_batch_size", "max_batch_size", "interval")
+        ),
+        tf_adabatch.GoodputPolicy(
+            initial_batch_size=i64(32),
+            min_batch_size=32,
+            max_batch_size=64,
+            base_batch_size=i64(32),
+        ).base_batch_size,
+        tf_adabatch.AdaptiveLearningRate(0.1, rule="linear", warmup_steps=i64(5)).warmup_steps,
+        tf_adabatch.throughput.ThroughputModel(window=i64(50)).window,
+    ]
+    assert checked == [64, 32, 16, 128, 2, 32, 5, 50]
+    assert all(type(value) is int for value in checked)  # stored as Python ints
+    for bad in (True, np.float64(64.0), 0):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"`batch_size` must be a positive integer. Received: batch_size={bad!r}"
+            ),
+        ):
+            tf_adabatch.StaticPolicy(bad)
+    with pytest.raises(ValueError, match=r"`warmup_steps` must be a non-negative integer"):
+        tf_adabatch.AdaptiveLearningRate(0.1, rule="linear", warmup_steps=np.float32(5))
+
+    trainer = two_replica_trainer()
+    history = trainer.fit(
+        trainer.distribute(lambda ctx: dataset_fn(M, drop_remainder=True)(ctx).repeat()),
+        steps=i64(2),
+        verbose=0,
+    )
+    assert history["samples_seen"] == [8.0, 16.0]  # two steps of 8 (as with steps=2 above)
 
 
 def test_every_front_door_takes_the_same_engine_options() -> None:

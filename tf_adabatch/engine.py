@@ -42,6 +42,7 @@ from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
+from tf_adabatch._checks import integer
 from tf_adabatch.measure import (
     SCOPES,
     GroupMeasurement,
@@ -217,13 +218,12 @@ class AdaptiveEngine:
                 f"strategy={type(self.strategy).__name__}"
             )
         if max_consecutive_skips is not None:
-            _check_positive_int("max_consecutive_skips", max_consecutive_skips)
+            max_consecutive_skips = integer("max_consecutive_skips", max_consecutive_skips)
         self.max_consecutive_skips = max_consecutive_skips
         self.model = model
         self.optimizer = optimizer
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
-        _check_positive_int("micro_batch_size", micro_batch_size)
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size = micro_batch_size = integer("micro_batch_size", micro_batch_size)
         if similarity == "auto":
             similarity = "exact" if self.num_replicas >= 2 else "estimated"
         if similarity not in SIMILARITY_MODES:
@@ -271,7 +271,7 @@ class AdaptiveEngine:
         self._min_k = min_accumulation_steps(similarity, self.num_replicas)
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
         if base_batch_size is not None:
-            _check_positive_int("base_batch_size", base_batch_size)
+            base_batch_size = integer("base_batch_size", base_batch_size)
         self.base_batch_size = int(
             self.policy.initial_batch_size if base_batch_size is None else base_batch_size
         )
@@ -793,11 +793,3 @@ class AdaptiveEngine:
                 rule += f", at least {unit * self._min_k} (one replica in exact-similarity mode needs >= 2 micro-steps to form two groups; or use similarity='estimated')"
             raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={batch_size!r}")
         return int(batch_size) // unit
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    # Any integer type (int, np.int64, ...) but not bool.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
-        )

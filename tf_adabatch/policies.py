@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tf_adabatch._checks import integer
 from tf_adabatch.stats import adascale_gain
 from tf_adabatch.throughput import ThroughputModel
 
@@ -139,11 +140,7 @@ class StaticPolicy(BatchPolicy):
 
     def __init__(self, batch_size: int) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(
-                f"Argument `batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
-            )
-        self._batch_size = batch_size
+        self._batch_size = integer("batch_size", batch_size)
 
     @property
     def initial_batch_size(self) -> int:
@@ -154,13 +151,6 @@ class StaticPolicy(BatchPolicy):
         return tf.cast(batch_size, tf.int64)
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
-        )
-
-
 class _BoundedPolicy(BatchPolicy):
     """A policy with `min_batch_size <= batch <= max_batch_size`, checked at build."""
 
@@ -168,12 +158,9 @@ class _BoundedPolicy(BatchPolicy):
         self, *, initial_batch_size: int, min_batch_size: int, max_batch_size: int
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("initial_batch_size", initial_batch_size),
-            ("min_batch_size", min_batch_size),
-            ("max_batch_size", max_batch_size),
-        ):
-            _check_positive_int(name, value)
+        initial_batch_size = integer("initial_batch_size", initial_batch_size)
+        min_batch_size = integer("min_batch_size", min_batch_size)
+        max_batch_size = integer("max_batch_size", max_batch_size)
         if min_batch_size > max_batch_size:
             raise ValueError(
                 "Argument `min_batch_size` must be <= `max_batch_size`. Received: "
@@ -267,7 +254,7 @@ class SimiGradPolicy(_BoundedPolicy):
             )
         if not 0.0 < step <= 1.0:
             raise ValueError(f"Argument `step` must be in (0, 1]. Received: step={step!r}")
-        _check_positive_int("interval", interval)
+        interval = integer("interval", interval)
         if smoothing is not None and not 0.0 <= smoothing < 1.0:
             raise ValueError(
                 f"Argument `smoothing` must be None or in [0, 1). Received: smoothing={smoothing!r}"
@@ -470,7 +457,7 @@ class GoodputPolicy(_BoundedPolicy):
                 f"Received: throughput={throughput!r}"
             )
         if base_batch_size is not None:
-            _check_positive_int("base_batch_size", base_batch_size)
+            base_batch_size = integer("base_batch_size", base_batch_size)
         if not hysteresis >= 0.0:
             raise ValueError(
                 f"Argument `hysteresis` must be >= 0. Received: hysteresis={hysteresis!r}"

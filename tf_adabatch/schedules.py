@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 from keras.optimizers.schedules import LearningRateSchedule
 
+from tf_adabatch._checks import integer
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["LR_RULES", "AdaptiveLearningRate"]
@@ -74,11 +75,7 @@ class AdaptiveLearningRate(LearningRateSchedule):
             raise ValueError(
                 f"Argument `gain_power` must be in (0, 1]. Received: gain_power={gain_power!r}"
             )
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(
-                "Argument `warmup_steps` must be a non-negative integer. "
-                f"Received: warmup_steps={warmup_steps!r}"
-            )
+        warmup_steps = integer("warmup_steps", warmup_steps, minimum=0)
         if warmup_steps and rule != "linear":
             raise ValueError(
                 "Argument `warmup_steps` applies to rule='linear' only (AdaScale's "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tf_adabatch._checks import integer
+
 __all__ = ["ThroughputModel"]
 
 _F64 = tf.float64
@@ -48,13 +50,8 @@ class ThroughputModel(tf.Module):
 
     def __init__(self, *, window: int = 200, min_timings_per_k: int = 3) -> None:
         super().__init__(name="throughput")
-        for name, value in (("window", window), ("min_timings_per_k", min_timings_per_k)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(
-                    f"Argument `{name}` must be a positive integer. Received: {name}={value!r}"
-                )
-        self.window = int(window)
-        self.min_timings_per_k = int(min_timings_per_k)
+        self.window = integer("window", window)
+        self.min_timings_per_k = integer("min_timings_per_k", min_timings_per_k)
         self.built = False
 
     def build(self) -> None:

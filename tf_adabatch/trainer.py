@@ -17,6 +17,7 @@ from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
+from tf_adabatch._checks import integer
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.options import EngineOptions, resolve_options
 from tf_adabatch.state import AdaptiveState
@@ -221,12 +222,8 @@ class Trainer:
                 "of the base schedule of an `AdaptiveLearningRate`, and this optimizer's "
                 "learning rate has none). Received neither."
             )
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
-        ):
-            raise ValueError(
-                f"Argument `steps` must be a non-negative integer. Received: steps={steps!r}"
-            )
+        if steps is not None:
+            steps = integer("steps", steps, minimum=0)
         if until_progress is not None and not until_progress >= 0:
             raise ValueError(
                 f"Argument `until_progress` must be >= 0. Received: until_progress={until_progress!r}"

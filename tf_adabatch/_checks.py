@@ -1,0 +1,26 @@
+"""Argument checks shared by the public classes: one rule, one message shape.
+
+Integers may be of any integer type (`int`, `np.int64`, ...; what configs and numpy code
+hand over) but not bool; the value is returned as a Python int.
+
+>>> import numpy as np
+>>> integer("batch_size", np.int64(64))
+64
+>>> integer("steps", True, minimum=0)
+Traceback (most recent call last):
+...
+ValueError: Argument `steps` must be a non-negative integer. Received: steps=True
+"""
+
+from __future__ import annotations
+
+import numbers
+
+
+def integer(name: str, value: object, *, minimum: int = 1) -> int:
+    """`value` as a Python int if it is an integer >= `minimum` (1 or 0), else a ValueError
+    naming the argument, the rule and the value received."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        rule = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={value!r}")
+    return int(value)
