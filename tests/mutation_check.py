@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the test environment active):
 
-    python tests/mutation_check.py            # every mutant (38)
+    python tests/mutation_check.py            # every mutant (41)
     python tests/mutation_check.py --list     # the mutants and the tests run against each
     python tests/mutation_check.py --only stats_n_instead_of_n_minus_1 --only tau_plus_scale
 
@@ -299,6 +299,30 @@ MUTANTS = [
         "with smoothing the controller acts on the debiased average",
     ),
     # ------------------------------------------------------------- roll-back
+    Mutant(
+        "rollback_finiteness_ignores_the_weights",
+        "tf_adabatch/rollback.py",
+        "values = self._checked + self._checked_mirrored",
+        "values = self._checked",
+        ("tests/test_rollback.py",),
+        "the finiteness check reads the weights and optimizer slots, not only per-device copies",
+    ),
+    Mutant(
+        "rollback_restore_local_does_nothing",
+        "tf_adabatch/rollback.py",
+        "            source.assign(copy)",
+        "            pass",
+        ("tests/test_rollback.py",),
+        "restoring the per-device copies writes them back (StepRollback itself, not its caller)",
+    ),
+    Mutant(
+        "options_unknown_name_accepted",
+        "tf_adabatch/options.py",
+        "        if name not in known:",
+        "        if False:",
+        ("tests/test_inputs.py::test_every_front_door_takes_the_same_engine_options",),
+        "an unknown engine option (a typo) is refused by name at every front door",
+    ),
     Mutant(
         "skip_keeps_forward_pass_writes",
         "tf_adabatch/engine.py",

@@ -8,7 +8,9 @@ with `PREEMPTED_EXIT_CODE` (143 = 128 + SIGTERM, what a SIGTERM'd process return
 restart policies that retry signal exits, such as Kubeflow's `ExitCode`, relaunch it),
 and rerunning the same command resumes from that checkpoint.
 
-The agreement between workers is TensorFlow's own
+One worker saves at the first optimizer-step boundary after the signal (the step that
+was running when it arrived), with nothing to agree on. The agreement between several
+workers is TensorFlow's own
 `tf.distribute.experimental.PreemptionCheckpointHandler`, used "decoupled": it never
 reads or writes the job's checkpoints (it gets a dummy `tf.train.Checkpoint` and a
 temporary `checkpoint_dir` it never writes), its `save_fn` is the job's manager and its
@@ -17,8 +19,7 @@ N + 1" through the coordination service (N: the last step it finished); every wo
 saves there. Our own SIGTERM handler sets a flag that the handler polls (once a second,
 `termination_watcher_fn`), the same on every platform: TensorFlow would otherwise
 install its own handler, or none on GCP. On GCE CPU and TPU VMs TensorFlow's handler
-does nothing; there, one worker alone saves at the next step boundary itself, and a
-multi-worker run is not covered (a one-line warning says so).
+does nothing: there a multi-worker run is not covered (a one-line warning says so).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class PreemptionWatch:
     a multi-worker job (the coordination service's keys are written once).
 
     State: `signalled` (SIGTERM seen here), `saved_step` (the step of the preemption
-    checkpoint, None before), `handler` (TensorFlow's, None before `start` and after
-    `close`).
+    checkpoint, None before), `handler` (TensorFlow's, for several workers only; None before `start`
+    and after `close`).
 
     Example (one worker; a real SIGTERM to this process, polled within a second):
 
@@ -83,8 +84,8 @@ class PreemptionWatch:
     ...         time.sleep(0.05)  # an optimizer step
     ...         watch.after_step(step)
     ... except Preempted as preempted:
-    ...     print(preempted.step == step, os.path.basename(manager.latest_checkpoint) == f"ckpt-{step}")
-    True True
+    ...     print(preempted.step, os.path.basename(manager.latest_checkpoint))
+    1 ckpt-1
     >>> watch.close()
     """
 
@@ -121,11 +122,12 @@ class PreemptionWatch:
         self.signalled = True
 
     def start(self, strategy: tf.distribute.Strategy, manager: tf.train.CheckpointManager) -> None:
-        """Creates TensorFlow's handler: from now on a SIGTERM leads to a save by `manager`.
+        """From now on a SIGTERM leads to a save by `manager` (several workers: through
+        TensorFlow's handler, created here).
 
         Args:
           strategy: the job's strategy; a multi-worker one agrees on the step through
-            its coordination service, any other is one worker ("local mode").
+            its coordination service, any other is one worker.
           manager: the job's checkpoint manager (this worker's).
         """
         self.manager = manager
@@ -133,8 +135,13 @@ class PreemptionWatch:
         resolver = None
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             resolver = strategy.cluster_resolver
-        # One worker (an empty cluster spec) is the handler's "local mode".
+        # One worker (an empty cluster spec): no agreement, so no handler. TensorFlow's
+        # "local mode" would only add its once-a-second polling: a run whose remaining
+        # steps take less than that ended with exit 0 despite the signal (seen in a full
+        # suite run, 2026-12-03).
         self._multi_worker = bool(resolver is not None and resolver.cluster_spec().jobs)
+        if not self._multi_worker:
+            return
         self._unused_dir = tempfile.mkdtemp(prefix="tf_adabatch-preemption-")
         self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver,
@@ -150,7 +157,7 @@ class PreemptionWatch:
         # Pinned in tests/test_keras_private.py: the platform it detected.
         platform = str(self.handler._platform_device)
         self._inert = "GCE_CPU" in platform or "GCE_TPU" in platform
-        if self._inert and self._multi_worker:
+        if self._inert:
             print(
                 "warning: preemption (SIGTERM) is not handled for a multi-worker run on a GCE "
                 "CPU or TPU VM (TensorFlow's PreemptionCheckpointHandler does not support it)",
@@ -163,12 +170,14 @@ class PreemptionWatch:
         Raises:
           Preempted: this is the agreed step; the checkpoint `ckpt-<step>` is written.
         """
-        if self.handler is None:
+        if self.manager is None:  # not started
             return
-        if self._inert:  # one worker: the next boundary is the agreed step
-            if self.signalled and not self._multi_worker:
+        if not self._multi_worker:  # one worker: this boundary is the one to save at
+            if self.signalled:
                 self._save(checkpoint_number=step)
                 self._exit()
+            return
+        if self._inert:  # several workers on a GCE CPU / TPU VM: not covered (warned)
             return
         # Its save reads its own deprecated `total_run_calls` (a warning line): quiet.
         logger = tf.get_logger()
