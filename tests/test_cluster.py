@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_multiworker import finish, start_workers
 
 from configs import synthetic
 from tf_adabatch import app
 from tf_adabatch.app import cluster
 
 from helpers import checkpoint_values
+from launcher import finish, start_workers
 
 HERE = Path(__file__).resolve().parent
 SLURM_VARIABLES = (

@@ -1,4 +1,4 @@
-"""MultiWorkerMirroredStrategy: 2 worker processes on 127.0.0.1; agreement, faults, resume."""
+"""MultiWorkerMirroredStrategy: 2 worker processes on 127.0.0.1; agreement, faults, preemption, resume."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -18,9 +17,11 @@ import pytest
 import tf_adabatch
 from launch.multiworker import free_ports
 from tf_adabatch import summaries
+from tf_adabatch.app.checkpoints import checkpoint_numbers
 
 from conftest import get_strategy
 from helpers import checkpoint_values, global_micro_batches, mlp, regression_data, weights
+from launcher import assert_same_end, finish, signal_after_first_checkpoint, start_workers
 
 HERE = Path(__file__).resolve().parent
 STEPS = 4
@@ -143,76 +144,26 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
         np.testing.assert_allclose(results[0][name], w, rtol=1e-5, atol=1e-6)
 
 
-def start_workers(
-    workdir: Path,
-    ports: list[int],
-    *,
-    placement: Callable[[int], dict[str, str]] | None = None,
-    extra_flags: tuple[str, ...] = (),
-) -> list[subprocess.Popen]:
-    """launch/train.py on the synthetic config as MultiWorkerMirroredStrategy workers.
-
-    `placement(index)`: the environment variables that place worker `index` (default:
-    TF_CONFIG over `ports`); `extra_flags` are appended to the command line.
-    """
-    logs = workdir.parent
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = []
-    for index in range(len(ports)):
-        placed = (
-            placement(index)
-            if placement
-            else {
-                "TF_CONFIG": json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
-                )
-            }
-        )
-        env = dict(os.environ, **placed)
-        cmd = [
-            sys.executable,
-            str(HERE.parent / "launch" / "train.py"),
-            f"--config={HERE.parent / 'configs' / 'synthetic.py'}",
-            f"--workdir={workdir}",
-            "--config.strategy=multi_worker",
-            "--config.deterministic=True",
-            "--config.train.base_epochs=1.0",
-            "--config.train.checkpoint_every_steps=5",
-            *extra_flags,
-        ]
-        # Output to files, not pipes: a pipe nobody reads while waiting can fill and block.
-        paths = (logs / f"{workdir.name}-{index}.out", logs / f"{workdir.name}-{index}.err")
-        with open(paths[0], "w") as out, open(paths[1], "w") as err:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
-        proc.logs = paths  # type: ignore[attr-defined]
-        procs.append(proc)
-    return procs
+# The faults below: launch/train.py as 2 workers on the synthetic config (SimiGrad +
+# AdaScale, deterministic, 26 optimizer steps), a checkpoint every 2 steps; both compare
+# with ONE uninterrupted run of the same command (module fixture: one 2-worker run less).
+EVERY_2 = ("--config.train.checkpoint_every_steps=2",)
 
 
-def finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[tuple[int, str, str]]:
-    """Waits for every worker (killing all on timeout): [(exit code, stderr, stdout)]."""
-    try:
-        codes = [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [
-        (code, p.logs[1].read_text(), p.logs[0].read_text())
-        for code, p in zip(codes, procs, strict=True)
-    ]
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The workdir of an uninterrupted 2-worker run (chief's; worker 1's in `worker-1`)."""
+    full = tmp_path_factory.mktemp("uninterrupted") / "full"
+    for code, err, _ in finish(start_workers(full, free_ports(2), extra_flags=EVERY_2)):
+        assert code == 0, err[-3000:]
+    return full
 
 
 def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupted_run(
-    tmp_path: Path,
+    tmp_path: Path, uninterrupted: Path
 ) -> None:
-    ports = free_ports(2)
-    for code, err, _ in finish(start_workers(tmp_path / "full", ports)):
-        assert code == 0, err[-3000:]
-
     run = tmp_path / "run"
-    procs = start_workers(run, free_ports(2))
+    procs = start_workers(run, free_ports(2), extra_flags=EVERY_2)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not list((run / "checkpoints").glob("ckpt-*.index")):
@@ -232,22 +183,52 @@ def test_killed_worker_stops_the_survivor_and_a_relaunch_ends_as_an_uninterrupte
     assert "error: Lost another worker" in err and "relaunch every worker" in err
     assert "Traceback" not in err
 
-    for code, err, out in finish(start_workers(run, free_ports(2))):
+    for code, err, out in finish(start_workers(run, free_ports(2), extra_flags=EVERY_2)):
         assert code == 0, err[-3000:]
         # Both resumed from the chief's checkpoint, not from scratch.
         assert f"Resumed from {run / 'checkpoints' / 'ckpt-'}" in out, out[-2000:]
-    expected, got = checkpoint_values(tmp_path / "full"), checkpoint_values(run)
+    # No save of its own at the kill: the same saves as the uninterrupted run (every 2
+    # steps), so even `save_counter` is equal.
+    expected, got = checkpoint_values(uninterrupted), checkpoint_values(run)
     assert set(got) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
-    full_tb = summaries.read_scalars(str(tmp_path / "full" / "tensorboard" / "train"))
+    full_tb = summaries.read_scalars(str(uninterrupted / "tensorboard" / "train"))
     run_tb = summaries.read_scalars(str(run / "tensorboard" / "train"))
     for tag in ("adabatch/batch_size", "adabatch/gain"):
         assert run_tb[tag] == full_tb[tag], tag
     for worker_dir in (run, run / "worker-1"):
         metrics = json.loads((worker_dir / "metrics.json").read_text())
         assert metrics == {
-            **json.loads((tmp_path / "full" / "metrics.json").read_text()),
+            **json.loads((uninterrupted / "metrics.json").read_text()),
             "wall_time_s": metrics["wall_time_s"],  # timings differ run to run
             "train_seconds": metrics["train_seconds"],
         }
+
+
+def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    """Preemption of a multi-worker run (tests/test_preemption.py has one process): the
+    worker that sees the signal posts the step through TensorFlow's coordination service
+    (polled once a second; with 13 steps the run once ended before that took effect, CI
+    2026-12-03: 26 here)."""
+    run = tmp_path / "run"
+    procs = start_workers(run, free_ports(2), extra_flags=EVERY_2)
+    try:
+        at_signal = signal_after_first_checkpoint(procs[1], run / "checkpoints")
+        # The signal goes to the non-chief worker only: the chief learns of it from its peer.
+    finally:
+        results = finish(procs)
+    saved = []
+    for (code, err, _), outdir in zip(results, (run, run / "worker-1"), strict=True):
+        assert code == 143, err[-3000:]
+        number = checkpoint_numbers(str(outdir / "checkpoints"))[0]
+        assert f"preempted: checkpoint ckpt-{number} written at step {number};" in err, err[-2000:]
+        saved.append(number)
+    assert saved[0] == saved[1] > at_signal, (saved, at_signal)
+
+    for code, err, out in finish(start_workers(run, free_ports(2), extra_flags=EVERY_2)):
+        assert code == 0, err[-3000:]
+        assert f"Resumed from {run / 'checkpoints' / f'ckpt-{saved[0]}'}:" in out, out[-2000:]
+    assert_same_end(uninterrupted, run, preempted_at=saved[0], every=2, workers=(run / "worker-1",))

@@ -3,7 +3,7 @@
 Each segment is a separate process (a process cannot change its logical devices, and a
 second MirroredStrategy over the same devices in one process crashes): replicas through
 tests/resume_worker.py (`tf_adabatch.app.run`, as launch/train.py calls it), workers
-through launch/train.py itself (tests/test_multiworker.py's `start_workers`).
+through launch/train.py itself (tests/launcher.py's `start_workers`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 from test_checkpoints import config
-from test_multiworker import finish, start_workers
 
 from launch.multiworker import free_ports
 from tf_adabatch import app, summaries
 
 from helpers import checkpoint_values
+from launcher import finish, start_workers
 
 HERE = Path(__file__).resolve().parent
 SYNTHETIC = str(HERE.parent / "configs" / "synthetic.py")
