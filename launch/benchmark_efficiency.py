@@ -336,6 +336,11 @@ def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
     both_empty = [False] + [math.isnan(x) and math.isnan(y) for x, y in zip(a, b, strict=True)]
     compared = [r for r, skip in zip(ratios, both_empty, strict=True) if not skip]
     ok = all(abs(r - 1.0) <= 0.10 for r in compared)
+    floor = [
+        f"- same mode, seed against seed (the criterion's noise floor): {line}"
+        for mode, mine in (("exact", exact), ("estimated", estimated))
+        if (line := _seed_spread(mode, mine))
+    ]
     return [
         "",
         f"Exact against estimated similarity ({len(exact)} and {len(estimated)} seeds; "
@@ -349,7 +354,36 @@ def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
         "",
         f"- {'MET' if ok else 'NOT MET'}: every ratio within 10% ({len(compared)} compared, "
         f"largest deviation {max(abs(r - 1.0) for r in compared):.1%})",
+        *floor,
     ]
+
+
+def _seed_spread(mode: str, runs: list[dict[str, Any]]) -> str:
+    """The largest deviation between two seeds of one mode, by the same ratios as the
+    cross-mode comparison (each seed against the first; steps and every tenth with
+    steps in both): '' with fewer than two seeds.
+
+    >>> run = lambda steps, b: {"metrics": {"optimizer_steps": steps, "base_steps": 10},
+    ...     "curves": {"batch_size": [(1, b)], "progress": [(1, 10.0)]}}
+    >>> _seed_spread("exact", [run(100, 64.0), run(120, 48.0)])
+    'exact: steps 1.200, largest deviation 25.0% (2 seeds, 2 compared)'
+    """
+    if len(runs) < 2:
+        return ""
+    first_steps, first = runs[0]["metrics"]["optimizer_steps"], batch_by_tenth(runs[0])
+    deviations, ratios = [], []
+    for other in runs[1:]:
+        ratios.append(other["metrics"]["optimizer_steps"] / first_steps)
+        tenths = batch_by_tenth(other)
+        deviations += [abs(ratios[-1] - 1.0)] + [
+            abs(y / x - 1.0)
+            for x, y in zip(first, tenths, strict=True)
+            if not (math.isnan(x) or math.isnan(y))
+        ]
+    return (
+        f"{mode}: steps {', '.join(f'{r:.3f}' for r in ratios)}, largest deviation "
+        f"{max(deviations):.1%} ({len(runs)} seeds, {len(deviations)} compared)"
+    )
 
 
 def markdown(rows: list[dict[str, Any]], verdicts: list[str]) -> str:

@@ -231,3 +231,33 @@ def test_batch_by_tenth_and_the_similarity_modes_table() -> None:
         lines = efficiency.similarity_modes([run, other])
         assert lines[-1].startswith(verdict), lines[-1]
         assert "(5 compared," in lines[-1]  # steps and the four tenths with steps
+
+
+def test_similarity_modes_reports_the_seed_to_seed_spread_of_each_mode() -> None:
+    """The 10% criterion's noise floor: the same comparison between two seeds of a mode."""
+
+    def run(variant: str, factor: float, steps: int) -> dict:
+        # Budget 10 base steps; one step in each of tenths 0, 1, 2 and 5 (as above).
+        return {
+            "variant": variant,
+            "curves": {
+                "batch_size": [
+                    (s, b * factor) for s, b in ((1, 10.0), (2, 20.0), (3, 30.0), (4, 50.0))
+                ],
+                "progress": [(1, 1.0), (2, 2.0), (3, 5.0), (4, 10.0)],
+            },
+            "metrics": {"base_steps": 10, "optimizer_steps": steps},
+        }
+
+    runs = [
+        run("simigrad_adascale", 1.0, 4),
+        run("simigrad_adascale", 1.3, 4),  # every batch 30% larger, same steps
+        run("simigrad_estimated", 1.0, 4),
+    ]
+    lines = efficiency.similarity_modes(runs)
+    floor = [line for line in lines if line.startswith("- same mode")]
+    # Only exact has two seeds: its four tenths deviate by |1.3 - 1| = 30%, steps by 0.
+    assert floor == [
+        "- same mode, seed against seed (the criterion's noise floor): exact: steps 1.000, "
+        "largest deviation 30.0% (2 seeds, 5 compared)"
+    ]
