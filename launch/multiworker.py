@@ -37,7 +37,9 @@ _TIMEOUT = flags.DEFINE_integer(
     "timeout", 1800, "Seconds before every worker is stopped.", lower_bound=1
 )
 
-LOST_WORKER = 4  # launch/train.py's exit code for a multi-worker run that lost a worker
+# launch/train.py's exit code for a multi-worker run that lost a worker
+# (tf_adabatch.app.WORKER_LOST_EXIT_CODE; not imported: this launcher starts without TensorFlow).
+LOST_WORKER = 138
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 
@@ -88,7 +90,7 @@ def launch(train_args: list[str], num_workers: int, timeout: float) -> int:
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 index, code = failed[0]
-                if code < 0:  # killed by a signal: a lost worker, as train.py's exit 4
+                if code < 0:  # killed by a signal: a lost worker, as train.py's exit 138
                     name = signal.Signals(-code).name
                     print(
                         f"error: worker {index} was killed ({name}); stopping the others. "

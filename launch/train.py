@@ -86,6 +86,7 @@ def main(argv: list[str]) -> None:
     import_tensorflow_quietly()
     from tf_adabatch.app import (
         PREEMPTED_EXIT_CODE,
+        WORKER_LOST_EXIT_CODE,
         ConfigError,
         Preempted,
         ResumeError,
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> None:
         sys.exit(3)
     except WorkerLostError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(4)
+        sys.exit(WORKER_LOST_EXIT_CODE)
     except Preempted as err:
         print(f"preempted: {err}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -509,9 +509,9 @@ def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -
     assert values[-1] <= metrics["train_seconds"] <= metrics["wall_time_s"]
 
 
-def test_multiworker_launcher_exits_4_when_a_worker_is_killed(tmp_path: Path) -> None:
+def test_multiworker_launcher_exits_138_when_a_worker_is_killed(tmp_path: Path) -> None:
     """Worker 1's config file SIGKILLs its own process: the launcher stops worker 0 and
-    exits with train.py's lost-worker code 4, not 256 - 9."""
+    exits with train.py's lost-worker code (`WORKER_LOST_EXIT_CODE`, 138), not 256 - 9."""
     config = tmp_path / "dies_on_worker_1.py"
     config.write_text(
         "import json, os, signal\n"
@@ -531,7 +531,7 @@ def test_multiworker_launcher_exits_4_when_a_worker_is_killed(tmp_path: Path) ->
         f"--workdir={tmp_path / 'run'}",
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert result.returncode == 4, result.stderr[-2000:]
+    assert result.returncode == app.WORKER_LOST_EXIT_CODE == 138, result.stderr[-2000:]
     assert "error: worker 1 was killed (SIGKILL); stopping the others." in result.stderr
 
 

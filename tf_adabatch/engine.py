@@ -415,14 +415,18 @@ class AdaptiveEngine:
           None if the topology is unchanged, else one line saying what happened.
 
         Example (a state written with 4 replicas x 32 and k = 2: batch 256; resumed
-        on one device x 32, k becomes 8):
+        on one device x 32, k becomes 8; one replica in exact mode):
 
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
-        ...                         micro_batch_size=32, policy=StaticPolicy(64))
+        ...                         micro_batch_size=32, policy=StaticPolicy(64),
+        ...                         similarity="exact")
         >>> _ = engine.state.batch_unit.assign(128); _ = engine.state.accumulation_steps.assign(2)
         >>> engine.carry_batch_over()
         'Resumed on a batch unit of 32 (replicas x micro-batch; it was 128): global batch 256 kept (k = 8).'
+
+        With estimated similarity on one replica, the line adds "The differenced
+        estimator starts over (no previous gradient)."
         """
         saved = int(self.state.batch_unit.numpy())
         unit = self.num_replicas * self.micro_batch_size
@@ -437,11 +441,22 @@ class AdaptiveEngine:
         self.state.prev_batch_size.assign(0.0)  # the previous gradient is not comparable
         self.state.batch_unit.assign(unit)
         head = f"Resumed on a batch unit of {unit} (replicas x micro-batch; it was {saved}): "
+        # One replica, estimated similarity: the previous gradient (if the file had one)
+        # was taken on another topology, so the differenced estimator starts over.
+        restart = (
+            " The differenced estimator starts over (no previous gradient)."
+            if self.carried_buffers
+            else ""
+        )
         if k * unit == batch:
-            return head + f"global batch {batch} kept (k = {k})."
-        return head + (
-            f"global batch {batch} is not reachable; continuing with {k * unit}, the nearest "
-            "reachable one within the policy's bounds."
+            return head + f"global batch {batch} kept (k = {k})." + restart
+        return (
+            head
+            + (
+                f"global batch {batch} is not reachable; continuing with {k * unit}, the nearest "
+                "reachable one within the policy's bounds."
+            )
+            + restart
         )
 
     def set_batch_size(self, batch_size: int) -> None:

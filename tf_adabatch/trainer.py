@@ -424,16 +424,47 @@ class Trainer:
     def checkpoint(self) -> tf.train.Checkpoint:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
-            # The adaptive state's parts; "state" is saved as "adabatch" (the name
-            # checkpoints have used since the first release).
-            parts = {
-                "adabatch" if name == "state" else name: part
-                for name, part in self.engine.adaptive_state().items()
-            }
-            self._checkpoint = tf.train.Checkpoint(
-                model=self.engine.model, optimizer=self.engine.optimizer, **parts
-            )
+            self._checkpoint = tf.train.Checkpoint(**self._checkpoint_parts())
         return self._checkpoint
+
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        # The adaptive state's parts; "state" is saved as "adabatch" (the name
+        # checkpoints have used since the first release).
+        parts = {
+            "adabatch" if name == "state" else name: part
+            for name, part in self.engine.adaptive_state().items()
+        }
+        return {"model": self.engine.model, "optimizer": self.engine.optimizer, **parts}
+
+    def restore(self, path: str) -> Any:
+        """`checkpoint.restore(path)` for a checkpoint written on this or another topology.
+
+        The differenced estimator's previous gradient (part "carried": one replica,
+        estimated similarity) is restored only if the file has it; a checkpoint written
+        on several replicas has none, and `AdaptiveEngine.carry_batch_over` (call it
+        next) restarts the estimator. A file that has it restores on several replicas
+        too (the part is not read). Everything else must be in the file for
+        `assert_existing_objects_matched()` to pass.
+
+        Returns:
+          TensorFlow's load status (`tf.train.Checkpoint.restore`'s).
+
+        Example (saved on one replica in estimated mode, restored there):
+
+        >>> import tempfile
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> trainer = Trainer(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                   micro_batch_size=4, similarity="estimated")
+        >>> path = trainer.checkpoint.save(tempfile.mkdtemp() + "/ckpt")
+        >>> trainer.restore(path).assert_existing_objects_matched() is not None
+        True
+        """
+        parts = self._checkpoint_parts()
+        saved = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
+        if "carried" in parts and "carried" not in saved:
+            del parts["carried"]
+            return tf.train.Checkpoint(**parts).restore(path)
+        return self.checkpoint.restore(path)
 
     @property
     def batch_size(self) -> int:

@@ -23,12 +23,13 @@ from tf_adabatch.app.config import ConfigError, validate_config
 from tf_adabatch.app.factories import POLICIES, STRATEGIES, make_strategy
 from tf_adabatch.app.loop import run
 from tf_adabatch.app.preemption import PREEMPTED_EXIT_CODE, Preempted
-from tf_adabatch.app.workers import WorkerLostError
+from tf_adabatch.app.workers import WORKER_LOST_EXIT_CODE, WorkerLostError
 
 __all__ = [
     "POLICIES",
     "PREEMPTED_EXIT_CODE",
     "STRATEGIES",
+    "WORKER_LOST_EXIT_CODE",
     "ConfigError",
     "Preempted",
     "ResumeError",

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 import ml_collections
@@ -109,8 +109,14 @@ def _move_aside(directory: str, number: int, stamp: str) -> str:
     return f"ckpt-{number}.damaged-{stamp}.*"
 
 
+class Restorable(Protocol):
+    """What `restore_newest_readable` restores into: `tf.train.Checkpoint`, `Trainer`."""
+
+    def restore(self, save_path: str) -> Any: ...
+
+
 def restore_newest_readable(
-    checkpoint: tf.train.Checkpoint, directory: str, *, repair: bool = True
+    checkpoint: Restorable, directory: str, *, repair: bool = True
 ) -> tuple[str | None, list[str]]:
     """Restores the newest checkpoint in `directory` that reads back intact.
 
@@ -123,7 +129,9 @@ def restore_newest_readable(
     it could not read.
 
     Args:
-      checkpoint: the objects to restore into.
+      checkpoint: the objects to restore into: a `tf.train.Checkpoint`, or anything
+        whose `restore(prefix)` returns its load status (a `tf_adabatch.Trainer`, which
+        restores checkpoints of another topology).
       directory: a `CheckpointManager` directory.
       repair: rename damaged checkpoints and rewrite the state file (the chief only).
 

@@ -435,7 +435,8 @@ def _run(
     fingerprint = checkpoints.fingerprint(config, model, num_classes)
     if checkpoints.checkpoint_numbers(chief_dir):
         checkpoints.check_fingerprint(chief_dir, fingerprint)
-    latest, notes = checkpoints.restore_newest_readable(trainer.checkpoint, chief_dir, repair=chief)
+    # The trainer restores a checkpoint of another topology too (`Trainer.restore`).
+    latest, notes = checkpoints.restore_newest_readable(trainer, chief_dir, repair=chief)
     for note in notes:
         print(f"warning: {note}; resuming from {latest}", file=sys.stderr)
     if latest:

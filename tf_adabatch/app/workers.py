@@ -5,7 +5,8 @@ worker resumes from the chief's `checkpoints/`, so all restart from one state, a
 `check_same_checkpoint` refuses to train if they restored different steps. When a worker
 dies, the collectives of the others fail with one of `PEER_ERRORS` once TensorFlow's
 coordination service notices the missing heartbeats (about 20 s here); `worker_lost`
-turns that into `WorkerLostError`, which says how to resume.
+turns that into `WorkerLostError`, which says how to resume; `launch/train.py` then exits
+with `WORKER_LOST_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ import tensorflow as tf
 
 __all__ = [
     "PEER_ERRORS",
+    "WORKER_LOST_EXIT_CODE",
     "WorkerLostError",
     "check_same_checkpoint",
     "identify",
     "worker_lost",
 ]
+
+
+# launch/train.py's exit code for `WorkerLostError`: a retryable failure (relaunching every
+# worker resumes the run). 138 = 128 + SIGUSR1 is the code Kubeflow's training operator
+# reserves for a user's retryable error: under `restartPolicy: ExitCode` it restarts the
+# pod, while it treats 1-127 as permanent (an exit 4 failed the whole TFJob instead).
+WORKER_LOST_EXIT_CODE = 138
 
 
 class WorkerLostError(RuntimeError):
