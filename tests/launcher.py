@@ -127,18 +127,19 @@ def wait(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def assert_same_end(
-    full: Path, run: Path, *, preempted_at: int, every: int, workers: tuple[Path, ...] = ()
+    full: Path, run: Path, *, extra_saves: int = 0, workers: tuple[Path, ...] = ()
 ) -> None:
     """`run` ended as the uninterrupted `full`: final checkpoint, batch and gain per step, metrics.
 
-    `preempted_at`: the preemption checkpoint's step; `every`: the periodic saves' interval.
+    `extra_saves`: saves `run` made that `full` did not (`save_counter` counts saves, not
+    training: a preemption's save is one more, unless a periodic save had just taken
+    that step); `workers`: the non-chief workers' output folders, whose metrics must
+    match too.
     """
     expected, got = checkpoint_values(full), checkpoint_values(run)
     assert set(got) == set(expected)
-    # `save_counter` counts saves, not training: the preemption's save is one more,
-    # unless a periodic save had just saved that step.
     counter = "save_counter/.ATTRIBUTES/VARIABLE_VALUE"
-    assert got.pop(counter) == expected.pop(counter) + (1 if preempted_at % every else 0)
+    assert got.pop(counter) == expected.pop(counter) + extra_saves
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
     full_tb = summaries.read_scalars(str(full / "tensorboard" / "train"))
