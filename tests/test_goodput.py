@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tf_adabatch
 from tf_adabatch.policies import GoodputPolicy, StepStats
-from tf_adabatch.throughput import ThroughputModel, fit_line
+from tf_adabatch.throughput import ThroughputModel, fit_line, fit_line_graph
 
 UNIT = 32
 
@@ -68,6 +68,53 @@ def test_throughput_model_is_not_ready_with_one_value_of_k_and_forgets_old_timin
     assert float(model.alpha) == pytest.approx(1.0) and float(model.beta) == pytest.approx(1.0)
     model.observe(2, float("nan"))  # ignored
     assert int(model.count) == 13
+
+
+@pytest.mark.parametrize("min_per_k", [1, 3, 7])
+def test_the_graph_fit_is_numpys_fit(min_per_k: int) -> None:
+    """`observe` fits in the graph (`fit_line_graph`); `fit_line` (numpy's median and
+    weighted mean) is the reference: random windows with repeated times (ties), even
+    and odd counts per k, values of k below `min_per_k`, and windows with one k only."""
+    rng = np.random.default_rng(min_per_k)
+    checked = not_ok = 0
+    for trial in range(40):
+        n = int(rng.integers(1, 60))
+        ks = rng.choice([1.0, 2.0, 3.0, 5.0, 8.0][: 1 + trial % 5], size=n)
+        ts = np.round(0.01 + 0.002 * ks + 0.004 * rng.random(n), 3)  # rounded: ties
+        alpha, beta, ok = fit_line(ks, ts, min_per_k)
+        got = fit_line_graph(tf.constant(ks), tf.constant(ts), min_per_k)
+        assert bool(got[2]) == ok, (ks, ts)
+        np.testing.assert_allclose(
+            [float(got[0]), float(got[1])], [alpha, beta], rtol=1e-9, atol=1e-12
+        )
+        checked += 1
+        not_ok += not ok
+    assert checked == 40 and 0 < not_ok < 40  # both outcomes were compared
+
+
+def test_observe_adds_nothing_to_a_checkpoint_and_resumes_the_same_fit(tmp_path) -> None:
+    """Its compiled function is not state: the checkpoint holds the six variables only,
+    and a model restored from it continues the window and the fit exactly."""
+    model = ThroughputModel(window=8, min_timings_per_k=1)
+    model.build()
+    before = {
+        name
+        for name, _ in tf.train.list_variables(
+            tf.train.Checkpoint(m=model).write(str(tmp_path / "before"))
+        )
+    }
+    for k, t in [(1, 0.3), (2, 0.5), (1, 0.31), (3, 0.7)]:
+        model.observe(k, t)
+    path = tf.train.Checkpoint(m=model).write(str(tmp_path / "after"))
+    assert {name for name, _ in tf.train.list_variables(path)} == before
+    assert len(before) == 7  # six variables and the checkpoint's object graph
+    other = ThroughputModel(window=8, min_timings_per_k=1)
+    other.build()
+    tf.train.Checkpoint(m=other).read(path).assert_consumed()
+    for m in (model, other):
+        m.observe(2, 0.52)
+    for name in ("timings_k", "timings_s", "count", "alpha", "beta", "ready"):
+        np.testing.assert_array_equal(getattr(other, name).numpy(), getattr(model, name).numpy())
 
 
 def test_fit_line_refuses_bad_arguments() -> None:
