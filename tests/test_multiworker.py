@@ -145,7 +145,7 @@ def test_model_fit_with_simigrad_on_two_workers_ends_with_identical_weights(tmp_
 
 
 # The faults below: launch/train.py as 2 workers on the synthetic config (SimiGrad +
-# AdaScale, deterministic, 2 base epochs: 54 optimizer steps), a checkpoint every 2 steps;
+# AdaScale, deterministic, 2 base epochs: 48 optimizer steps), a checkpoint every 2 steps;
 # both compare with ONE uninterrupted run of the same command (module fixture: one 2-worker
 # run less). With 1 epoch (27 steps) a loaded CI host once saw the preemption agreed at
 # the last step (2026-12-04): the peer's signal is polled once a second.
@@ -201,7 +201,7 @@ def test_sigterm_to_one_worker_makes_both_save_at_the_same_step_and_exit_143(
     """Preemption of a multi-worker run (tests/test_preemption.py has one process): the
     worker that sees the signal posts the step through TensorFlow's coordination service
     (polled once a second; with 13 steps the run once ended before that took effect, CI
-    2026-12-03; with 27 it took effect at the last step, CI 2026-12-04: 54 here)."""
+    2026-12-03; with 27 it took effect at the last step, CI 2026-12-04: 48 here)."""
     run = tmp_path / "run"
     procs = start_workers(run, free_ports(2), extra_flags=EVERY_2)
     try:
