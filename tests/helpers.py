@@ -76,6 +76,25 @@ def checkpoint_values(workdir) -> dict[str, np.ndarray]:
     }
 
 
+def _estimated_similarity(grads: np.ndarray, replicas: int, from_moments: float) -> float:
+    """Estimated mode's similarity of one step, from its definition (docs/algorithms.md).
+
+    One replica: `from_moments`, |G|^2 / (|G|^2 + 2 tr / B) of the step's own unclipped
+    moments. N >= 2 replicas: h_r = the sum of replica r's micro-gradients (blocks
+    b = i * N + r), c_1 = sum over pairs r != s of h_r.h_s / sum of |h_r| |h_s| (each
+    pair's inner product and norms, taken pair by pair here), carried from B/N to B/2
+    examples by c(b) = |G|^2 / (|G|^2 + tr/b): c = N c_1 / ((N - 2) c_1 + 2).
+    """
+    if replicas == 1:
+        return from_moments
+    h = np.stack([grads[r::replicas].sum(axis=0) for r in range(replicas)])
+    pairs = [(r, s) for r in range(replicas) for s in range(replicas) if r != s]
+    c1 = sum(h[r] @ h[s] for r, s in pairs) / sum(
+        np.linalg.norm(h[r]) * np.linalg.norm(h[s]) for r, s in pairs
+    )
+    return float(replicas * c1 / ((replicas - 2) * c1 + 2))
+
+
 def sum_of_outputs_closed_form(
     x: np.ndarray,
     ks: list[int],
@@ -100,8 +119,7 @@ def sum_of_outputs_closed_form(
 
     clipped at 0 and min_variance * B0, averaged with a debiased EMA (biased / (1 - decay^t)),
     gain = (tr/B0 + |G|^2) / (tr/B + |G|^2) clipped to [1, S], tau += gain, estimated
-    similarity |G|^2 / (|G|^2 + 2 tr / B) from the step's own unclipped moments, exact
-    similarity cos(mean_A, mean_B).
+    similarity (`_estimated_similarity`) and exact similarity cos(mean_A, mean_B).
     """
     x = np.asarray(x, np.float64)
     out: list[dict[str, float | np.ndarray]] = []
@@ -137,8 +155,9 @@ def sum_of_outputs_closed_form(
                 "gain": gain,
                 "tau_before": tau,
                 "progress": tau + gain,
-                # From this step's own moments, unclipped (no memory).
-                "estimated_similarity": step_g / (step_g + 2 * step_t / batch),
+                "estimated_similarity": _estimated_similarity(
+                    grads, replicas, step_g / (step_g + 2 * step_t / batch)
+                ),
                 "exact_similarity": float(
                     group_a @ group_b / np.linalg.norm(group_a) / np.linalg.norm(group_b)
                 ),

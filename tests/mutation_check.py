@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the test environment active):
 
-    python tests/mutation_check.py            # every mutant (41)
+    python tests/mutation_check.py            # every mutant (44)
     python tests/mutation_check.py --list     # the mutants and the tests run against each
     python tests/mutation_check.py --only stats_n_instead_of_n_minus_1 --only tau_plus_scale
 
@@ -142,8 +142,32 @@ MUTANTS = [
         "tf_adabatch/stats.py",
         "den = g + 2.0 * _f64(trace_sigma) / _f64(batch_size)",
         "den = g + _f64(trace_sigma) / _f64(batch_size)",
+        ("tests/test_stats.py", "tests/test_estimated_similarity.py"),
+        "each half has B/2 examples: c = |G|^2 / (|G|^2 + 2 tr/B) (one replica's estimate)",
+    ),
+    Mutant(
+        "replica_similarity_maps_to_the_whole_batch",
+        "tf_adabatch/stats.py",
+        "den = (n - 2.0) * c1 + 2.0",
+        "den = (n - 1.0) * c1 + 1.0",
+        (CLOSED_FORM, "tests/test_stats.py"),
+        "the replicas' cosine (B/N examples) is carried to half-batches (B/2), not to B",
+    ),
+    Mutant(
+        "replica_similarity_arithmetic_mean_of_norms",
+        "tf_adabatch/stats.py",
+        "pairs = r * r - q",
+        "pairs = q",
+        ("tests/test_stats.py", CLOSED_FORM),
+        "each pair's inner product over the product of its norms (with N = 2 the exact cosine)",
+    ),
+    Mutant(
+        "replica_norm_of_the_last_micro_step_only",
+        "tf_adabatch/engine.py",
+        "local_sq = S.sum_of_squares(local) if norms else scalars[0]",
+        "local_sq = scalars[0]",
         (CLOSED_FORM,),
-        "each half has B/2 examples: c = |G|^2 / (|G|^2 + 2 tr/B)",
+        "a replica's norm is that of its whole gradient sum h_r, not of its last micro-gradient",
     ),
     Mutant(
         "exact_cosine_cross_term_sign",

@@ -74,7 +74,13 @@ def closed_form_run(replicas: int, similarity: str, ks: list[int], *, collective
 
 @pytest.mark.parametrize(
     "replicas,similarity,collective",
-    [(2, "estimated", False), (3, "exact", False), (4, "exact", True), (1, "exact", False)],
+    [
+        (2, "estimated", False),
+        (4, "estimated", True),
+        (3, "exact", False),
+        (4, "exact", True),
+        (1, "exact", False),
+    ],
 )
 def test_statistics_gain_progress_lr_and_similarity_equal_the_closed_form(
     replicas: int, similarity: str, collective: bool

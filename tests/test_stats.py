@@ -102,3 +102,61 @@ def test_any_finite_step_gives_finite_clipped_moments(mean_sq, gbar_sq, n, m) ->
     moments = S.clip_moments(S.step_moments(mean_sq, gbar_sq, float(n), float(m)), 32.0)
     assert np.isfinite(float(moments.grad_sqr)) and float(moments.grad_sqr) >= 0.0
     assert np.isfinite(float(moments.trace_sigma)) and float(moments.trace_sigma) >= 32e-6
+
+
+def _replica_draws(rng, n_replicas: int, k: int, decay: float, trials: int, d: int = 300):
+    """Replica sums h_r of k micro-gradients g = G + e, e ~ N(0, diag(lam)), sum(lam) = 1:
+    lam_j ~ j^-decay puts the noise into a few directions (effective dimension
+    (sum lam)^2 / sum lam^2), |G|^2 = 0.2 tr(Sigma) per micro-gradient."""
+    lam = np.arange(1, d + 1) ** -decay
+    lam /= lam.sum()
+    G = rng.normal(size=d)
+    G *= np.sqrt(0.2) / np.linalg.norm(G)
+    g = G + np.sqrt(lam) * rng.normal(size=(trials, n_replicas, k, d))
+    return g.sum(2), g.reshape(trials, n_replicas * k, d)
+
+
+def _exact_cosine(h: np.ndarray) -> np.ndarray:
+    a, b = h[:, 0::2].sum(1), h[:, 1::2].sum(1)
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def _scalars(h: np.ndarray):
+    sq = (h**2).sum(-1)
+    return (h.sum(1) ** 2).sum(-1), sq.sum(1), np.sqrt(sq).sum(1)
+
+
+def test_replica_similarity_is_the_exact_cosine_with_two_replicas() -> None:
+    """N = 2: T - Q = 2 h_1.h_2 and R^2 - Q = 2 |h_1| |h_2|, so c = c_1 = cos(h_1, h_2),
+    draw by draw, however few directions the noise has."""
+    rng = np.random.default_rng(3)
+    h, _ = _replica_draws(rng, 2, 3, decay=2.0, trials=500)
+    got = S.replica_similarity(*_scalars(h), 2).numpy()
+    np.testing.assert_allclose(got, _exact_cosine(h), rtol=1e-9, atol=1e-12)
+
+
+def test_replica_similarity_halves_the_low_dimension_bias_of_the_moments_formula() -> None:
+    """N = 4, k = 4, effective dimension 5 (decay 1.5): E[cos] of the half-batches
+    (exact mode's reading, Monte Carlo) is above the moments' first-order value
+    |G|^2 / (|G|^2 + 2 tr/B); the replicas' pairwise cosine keeps part of the
+    difference. In high dimension (decay 0) all three agree."""
+    rng = np.random.default_rng(4)
+    n, k, m = 4, 4, 1.0
+    checked = 0
+    for decay, bias_at_least in ((1.5, 0.015), (0.0, None)):
+        h, micro = _replica_draws(rng, n, k, decay, trials=4000)
+        exact = _exact_cosine(h).mean()
+        mean_sq = (micro**2).sum(-1).mean(-1)
+        gbar_sq = (micro.mean(1) ** 2).sum(-1)
+        moments = S.step_moments(mean_sq, gbar_sq, float(n * k), m)
+        old = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, n * k * m)
+        old = float(np.mean(old))
+        new = float(np.mean(S.replica_similarity(*_scalars(h), n)))
+        print(f"decay {decay}: exact {exact:.4f}, moments {old:.4f}, replica norms {new:.4f}")
+        if bias_at_least is None:
+            assert abs(old - exact) < 0.01 and abs(new - exact) < 0.01
+        else:
+            assert exact - old > bias_at_least  # the moments' bias is there...
+            assert abs(new - exact) < 0.5 * abs(old - exact)  # ...and at least halved
+        checked += 1
+    assert checked == 2

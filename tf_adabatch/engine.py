@@ -562,14 +562,18 @@ class AdaptiveEngine:
             scalars = micro_scalars(grads, data_loss)
             acc, acc_scalars = self.measurement.acc, self.measurement.scalars
 
-            def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
-                local = [g + a.read_value() for g, a in zip(grads, acc, strict=True)]
-                return local, scalars + acc_scalars.read_value()
+            norms = self.measurement.uses_replica_norms
 
-            local, local_scalars = tf.cond(
-                micro_index > 0, with_earlier, lambda: (list(grads), scalars)
+            def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+                local = [g + a.read_value() for g, a in zip(grads, acc, strict=True)]
+                local_sq = S.sum_of_squares(local) if norms else scalars[0]
+                return local, scalars + acc_scalars.read_value(), local_sq
+
+            # Alone, the last micro-step's |g|^2 (in `scalars`) is the replica's |h_r|^2.
+            local, local_scalars, local_sq = tf.cond(
+                micro_index > 0, with_earlier, lambda: (list(grads), scalars, scalars[0])
             )
-        return self.measurement.reduce(local, local_scalars)
+        return self.measurement.reduce(local, local_scalars, local_sq)
 
     def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""

@@ -17,10 +17,11 @@ The three modes:
   replica r belongs to group A iff (i*N + r) is even; one all-reduce of [A+B, A-B]
   gives the applied total and the cosine. With an odd N (1 included) a replica's
   micro-steps fall into both groups: two accumulators. One replica needs k >= 2.
-- `ScalarMoments` (similarity "estimated", N >= 2): one all-reduce of the total; the
-  similarity is the expected cosine of two half-batches from the step's moments.
-- `DifferencedSingleReplica` (similarity "estimated", N = 1): as `ScalarMoments`, and
-  with one micro-gradient (k = 1) the moments come from the difference with the
+- `ScalarMoments` (similarity "estimated", N >= 2): one all-reduce of the total, and two
+  more scalars per replica (its gradient's norm and squared norm): the similarity is the
+  replicas' pairwise cosine carried to half-batches (with N = 2 exact mode's cosine).
+- `DifferencedSingleReplica` (similarity "estimated", N = 1): the expected cosine of two
+  half-batches from the step's moments, and with one micro-gradient (k = 1) the moments come from the difference with the
   previous step's gradient, which it keeps (and which checkpoints carry).
 
 `make_measurement` picks the class. The engine (`tf_adabatch.engine`) orchestrates:
@@ -77,7 +78,8 @@ class Reading(NamedTuple):
       loss: their mean data loss.
       grad_mean_sq: |gbar|^2.
       extra: the mode's own terms: exact (g_A.g_B, |g_A|^2, |g_B|^2) of the two groups'
-        sums; differenced (gbar.g_prev, |gbar - g_prev|^2); otherwise empty.
+        sums; estimated on N >= 2 replicas (sum_r |h_r|^2, sum_r |h_r|) of the replicas'
+        gradient sums h_r; differenced (gbar.g_prev, |gbar - g_prev|^2); otherwise empty.
 
     >>> Reading(num_micro=4.0, mean_sq=2.0, loss=0.5, grad_mean_sq=1.0).extra
     ()
@@ -152,6 +154,7 @@ class GroupMeasurement:
     mode = "estimated"
     min_accumulation_steps = 1
     fuses_last_micro_step = True
+    uses_replica_norms = False
 
     def __init__(
         self, variables: list[Any], *, num_replicas: int, micro_batch_size: int, state: Any
@@ -185,17 +188,31 @@ class GroupMeasurement:
         _set_or_add(self.acc, grads, micro_index == 0)
 
     def reduce(
-        self, local: list[tf.Tensor] | None = None, local_scalars: tf.Tensor | None = None
+        self,
+        local: list[tf.Tensor] | None = None,
+        local_scalars: tf.Tensor | None = None,
+        local_sq: tf.Tensor | None = None,
     ) -> tuple[Reading, list[tf.Tensor]]:
-        """All-reduces this replica's sums (default: the accumulators'); (reading, gbar)."""
+        """All-reduces this replica's sums (default: the accumulators'); (reading, gbar).
+
+        `local_sq`: |sum of this replica's micro-gradients|^2 if the caller has it
+        (a measurement with `uses_replica_norms` needs it; computed if not given).
+        """
         ctx = tf.distribute.get_replica_context()
         if local is None:
             local = [a.read_value() for a in self.acc]
         if local_scalars is None:
             local_scalars = self.scalars.read_value()
+        if self.uses_replica_norms:
+            if local_sq is None:
+                local_sq = S.sum_of_squares(local)
+            # [|h_r|^2, |h_r|] of this replica: summed over replicas with the others.
+            local_scalars = tf.concat([local_scalars, [local_sq, tf.sqrt(local_sq)]], 0)
         total, total_sq, extra = self._all_reduce_gradients(ctx, local)
         with tf.name_scope(SCOPES["scalar_allreduce"]):
             scalars = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_scalars)
+        if self.uses_replica_norms:
+            extra = (scalars[3], scalars[4])
         n = scalars[2]
         gbar = [t / tf.cast(n, t.dtype) for t in total]
         if total_sq is None:
@@ -242,13 +259,35 @@ class GroupMeasurement:
 class ScalarMoments(GroupMeasurement):
     """Estimated similarity on N >= 2 replicas: the total all-reduced, no group terms.
 
-    >>> ScalarMoments.mode, ScalarMoments.min_accumulation_steps
-    ('estimated', 1)
+    Each replica adds two scalars to the scalar all-reduce, the squared norm and the
+    norm of its own gradient sum h_r; with |total|^2 they give the replicas' pairwise
+    cosine (`stats.replica_similarity`), exactly exact mode's cosine when N = 2. The
+    moments (and so the gain) are those of `GroupMeasurement`.
+
+    >>> ScalarMoments.mode, ScalarMoments.min_accumulation_steps, ScalarMoments.uses_replica_norms
+    ('estimated', 1, True)
     """
 
+    uses_replica_norms = True
 
-class DifferencedSingleReplica(ScalarMoments):
-    """Estimated similarity on one replica. With k >= 2 micro-gradients the step's own
+    def _interpret(
+        self,
+        reading: Reading,
+        moments: S.NoiseMoments,
+        valid: tf.Tensor,
+        batch: tf.Tensor,
+        finite: tf.Tensor,
+    ) -> Interpretation:
+        # The step's own replica norms: no memory, like exact mode's per-step cosine.
+        sum_sq, sum_norm = reading.extra
+        total_sq = reading.grad_mean_sq * tf.square(reading.num_micro)  # |sum_r h_r|^2
+        similarity = S.replica_similarity(total_sq, sum_sq, sum_norm, self.num_replicas)
+        return Interpretation(moments, valid, similarity)
+
+
+class DifferencedSingleReplica(GroupMeasurement):
+    """Estimated similarity on one replica (from the moments: `stats.estimated_similarity`).
+    With k >= 2 micro-gradients the step's own
     moments; with k = 1 the moments from the difference between this step's gradient
     and the previous one's (`stats.differenced_moments`), kept in `prev`.
 

@@ -31,6 +31,7 @@ __all__ = [
     "ema_update",
     "estimated_similarity",
     "noise_scale",
+    "replica_similarity",
     "step_moments",
     "sum_of_squares",
 ]
@@ -332,3 +333,53 @@ def estimated_similarity(
     den = g + 2.0 * _f64(trace_sigma) / _f64(batch_size)
     safe = tf.where(den > 0.0, den, 1.0)
     return tf.where(den > 0.0, g / safe, tf.constant(float("nan"), _F64))
+
+
+def replica_similarity(
+    total_sq: tf.Tensor, sum_sq: tf.Tensor, sum_norm: tf.Tensor, num_replicas: int
+) -> tf.Tensor:
+    """Similarity of two half-batches from the replicas' own gradient norms (N >= 2).
+
+    With h_r the sum of replica r's micro-gradients (r = 1..N), the three scalars
+    T = |sum_r h_r|^2, Q = sum_r |h_r|^2 and R = sum_r |h_r| give, exactly,
+
+        sum_{r != s} h_r.h_s = T - Q,     sum_{r != s} |h_r| |h_s| = R^2 - Q,
+
+    so c_1 = (T - Q) / (R^2 - Q) is the norm-weighted mean cosine of the replicas'
+    gradients (B/N examples each), measured like exact mode's cosine: each pair's inner
+    product over the product of its norms. The first-order model of the noise,
+    c(b) = |G|^2 / (|G|^2 + tr(Sigma)/b), carries it from B/N to B/2 examples:
+
+        c = N c_1 / ((N - 2) c_1 + 2).
+
+    With N = 2 that is c_1 = cos(h_1, h_2), exact mode's cosine of its two groups (one
+    replica each). With N > 2 the groups' own norms are not known from scalars; the
+    estimate keeps the pairs' norms (the part of E[cos] that the moments' formula
+    |G|^2 / (|G|^2 + 2 tr(Sigma)/B) misses when the noise lives in few directions) and is
+    the first-order value in high dimension. NaN where a denominator is not positive (a
+    replica with a zero gradient, say); clipped to [-1, 1].
+
+    Args:
+      total_sq: T, the squared norm of the sum of all micro-gradients.
+      sum_sq: Q, the replicas' squared norms |h_r|^2, summed.
+      sum_norm: R, the replicas' norms |h_r|, summed.
+      num_replicas: N >= 2 (a Python int).
+
+    Example (two replicas with h_1 = [1, 0], h_2 = [1, 1]: T = 5, Q = 1 + 2,
+    R = 1 + sqrt(2); their cosine is cos 45 degrees):
+
+    >>> round(float(replica_similarity(5.0, 3.0, 1.0 + 2.0 ** 0.5, 2)), 6)
+    0.707107
+    """
+    if num_replicas < 2:
+        raise ValueError(
+            f"Argument `num_replicas` must be >= 2. Received: num_replicas={num_replicas}"
+        )
+    nan = tf.constant(float("nan"), _F64)
+    q, r = _f64(sum_sq), _f64(sum_norm)
+    pairs = r * r - q
+    c1 = (_f64(total_sq) - q) / tf.where(pairs > 0.0, pairs, 1.0)
+    n = float(num_replicas)
+    den = (n - 2.0) * c1 + 2.0
+    c = n * c1 / tf.where(den > 0.0, den, 1.0)
+    return tf.where((pairs > 0.0) & (den > 0.0), tf.clip_by_value(c, -1.0, 1.0), nan)
