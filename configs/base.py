@@ -16,7 +16,7 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   num_cpu_replicas          mirrored without GPUs: logical CPU devices to simulate
   micro_batch_size          examples per replica per micro-step
   base_batch_size           B0: the batch the learning rate and schedule are tuned for
-  similarity                exact (group cosine) | estimated (from scalar statistics)
+  similarity                exact (group cosine) | estimated (from scalars: replica norms)
   policy.kind               static | simigrad | noise_scale | goodput
   policy.initial_batch_size / min_batch_size / max_batch_size   global batch sizes
   policy.target_similarity, step, interval, smoothing           SimiGrad controller

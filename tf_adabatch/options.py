@@ -23,8 +23,10 @@ class EngineOptions(TypedDict, total=False):
         Defaults to the policy's initial batch size.
       policy: a `BatchPolicy`; default `StaticPolicy(replicas * micro_batch_size)`.
       similarity: "exact" (the two groups' gradients, one all-reduce of twice the size),
-        "estimated" (from the step's own scalar moments, no extra communication;
-        like the exact cosine, a per-step reading with no memory) or "auto"
+        "estimated" (from scalars, no extra gradient-sized communication: on N >= 2
+        replicas the replicas' pairwise cosine from their gradient norms, with 2
+        replicas exact mode's cosine; on one, from the step's moments; like the exact
+        cosine, a per-step reading with no memory) or "auto"
         (default): exact with two or more replicas, estimated with one (where exact
         needs k >= 2 micro-steps, which the default policy does not give).
       ema_decay: decay of the moving averages behind the gain and the noise scale

@@ -316,13 +316,15 @@ def estimated_similarity(
     in high dimension cos(g_A, g_B) ~ |G|^2 / (|G|^2 + 2 tr(Sigma)/B). This costs no
     second gradient-sized all-reduce. NaN where the denominator is not positive.
 
-    The engine feeds it one step's unbiased moments (`step_moments`, unclipped). With
-    n >= 2 micro-gradients of m examples (B = n m) that is
+    On one replica the engine feeds it one step's unbiased moments (`step_moments`,
+    unclipped; on N >= 2 replicas it uses `replica_similarity`). With n >= 2
+    micro-gradients of m examples (B = n m) that is
 
         c = (B |gbar|^2 - m mean_sq) / ((B - 2m) |gbar|^2 + m mean_sq),
 
     whose denominator is positive and which lies in [-1, 1] (as a cosine does), since
-    |gbar|^2 <= mean_sq.
+    |gbar|^2 <= mean_sq. It is the ratio of expectations, not E[cos]: with few noise
+    directions it underestimates the cosine (docs/algorithms.md).
 
     Example:
 
