@@ -138,6 +138,11 @@ def fit_line(
     ok is False (and alpha, beta 0) with fewer than two values of k that have
     `min_timings_per_k` timings each.
 
+    The numpy reference of the fit: `ThroughputModel.observe` runs the same fit in
+    the graph (`fit_line_graph`), and tests/test_goodput.py checks one against the
+    other. The package itself no longer calls this; it is kept for tests and for
+    fitting logged timings offline.
+
     Example:
 
     >>> fit_line(np.array([1.0, 2.0, 2.0, 2.0]), np.array([3.0, 5.0, 5.0, 99.0]))
