@@ -21,8 +21,9 @@ The three modes:
   more scalars per replica (its gradient's norm and squared norm): the similarity is the
   replicas' pairwise cosine carried to half-batches (with N = 2 exact mode's cosine).
 - `DifferencedSingleReplica` (similarity "estimated", N = 1): the expected cosine of two
-  half-batches from the step's moments, and with one micro-gradient (k = 1) the moments come from the difference with the
-  previous step's gradient, which it keeps (and which checkpoints carry).
+  half-batches from the step's moments; with one micro-gradient (k = 1) the moments come
+  from the difference with the previous step's gradient, which it keeps (and which
+  checkpoints carry).
 
 `make_measurement` picks the class. The engine (`tf_adabatch.engine`) orchestrates:
 micro-loop, reduce, statistics, apply, policy.
@@ -249,11 +250,15 @@ class GroupMeasurement:
         batch: tf.Tensor,
         finite: tf.Tensor,
     ) -> Interpretation:
-        # The similarity reads this step's own moments (unclipped): like exact mode's
-        # per-step cosine it has no memory, so the batch follows a change of the noise
-        # at once instead of lagging behind the gain's long moving averages.
+        return Interpretation(moments, valid, self._similarity(reading, moments, batch))
+
+    def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
+        """The step's similarity (each mode its own reading; none has a memory)."""
+        # This step's own moments (unclipped): like exact mode's per-step cosine it has
+        # no memory, so the batch follows a change of the noise at once instead of
+        # lagging behind the gain's long moving averages.
         similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)
-        return Interpretation(moments, valid, similarity)
+        return similarity
 
 
 class ScalarMoments(GroupMeasurement):
@@ -270,25 +275,17 @@ class ScalarMoments(GroupMeasurement):
 
     uses_replica_norms = True
 
-    def _interpret(
-        self,
-        reading: Reading,
-        moments: S.NoiseMoments,
-        valid: tf.Tensor,
-        batch: tf.Tensor,
-        finite: tf.Tensor,
-    ) -> Interpretation:
-        # The step's own replica norms: no memory, like exact mode's per-step cosine.
+    def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
+        # The step's own replica norms.
         sum_sq, sum_norm = reading.extra
         total_sq = reading.grad_mean_sq * tf.square(reading.num_micro)  # |sum_r h_r|^2
-        similarity = S.replica_similarity(total_sq, sum_sq, sum_norm, self.num_replicas)
-        return Interpretation(moments, valid, similarity)
+        return S.replica_similarity(total_sq, sum_sq, sum_norm, self.num_replicas)
 
 
 class DifferencedSingleReplica(GroupMeasurement):
-    """Estimated similarity on one replica (from the moments: `stats.estimated_similarity`).
-    With k >= 2 micro-gradients the step's own
-    moments; with k = 1 the moments from the difference between this step's gradient
+    """Estimated similarity on one replica, from the moments (`stats.estimated_similarity`).
+
+    With k >= 2 micro-gradients the step's own moments; with k = 1 the moments from the difference between this step's gradient
     and the previous one's (`stats.differenced_moments`), kept in `prev`.
 
     >>> DifferencedSingleReplica.fuses_last_micro_step
@@ -407,15 +404,8 @@ class ExactGroups(GroupMeasurement):
         sq_b = (total_sq - 2.0 * cross + diff_sq) / 4.0
         return total, total_sq, (dot_ab, sq_a, sq_b)
 
-    def _interpret(
-        self,
-        reading: Reading,
-        moments: S.NoiseMoments,
-        valid: tf.Tensor,
-        batch: tf.Tensor,
-        finite: tf.Tensor,
-    ) -> Interpretation:
-        return Interpretation(moments, valid, S.cosine_similarity(*reading.extra))
+    def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
+        return S.cosine_similarity(*reading.extra)
 
 
 def min_accumulation_steps(mode: str, num_replicas: int) -> int:
