@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the test environment active):
 
-    python tests/mutation_check.py            # every mutant (44)
+    python tests/mutation_check.py            # every mutant (46)
     python tests/mutation_check.py --list     # the mutants and the tests run against each
     python tests/mutation_check.py --only stats_n_instead_of_n_minus_1 --only tau_plus_scale
 
@@ -326,10 +326,26 @@ MUTANTS = [
     Mutant(
         "rollback_finiteness_ignores_the_weights",
         "tf_adabatch/rollback.py",
-        "values = self._checked + self._checked_mirrored",
-        "values = self._checked",
+        "for v in self._checked + self._checked_mirrored:",
+        "for v in self._checked:",
         ("tests/test_rollback.py",),
         "the finiteness check reads the weights and optimizer slots, not only per-device copies",
+    ),
+    Mutant(
+        "rollback_finiteness_tests_one_variable",
+        "tf_adabatch/rollback.py",
+        "checks.append(tf.math.is_finite(tf.add_n(sums)))",
+        "checks.append(tf.math.is_finite(sums[0]))",
+        ("tests/test_rollback.py",),
+        "the finiteness check tests the sum of every variable, not the first one's",
+    ),
+    Mutant(
+        "scalar_limbs_drop_the_low_limb",
+        "tf_adabatch/measure.py",
+        "return parts[0] + (parts[1] + parts[2])",
+        "return parts[0] + parts[1]",
+        ("tests/test_scalar_transport.py",),
+        "the scalars that ride in the gradient all-reduce keep float64 precision",
     ),
     Mutant(
         "rollback_restore_local_does_nothing",

@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import tf_adabatch
+from tf_adabatch.rollback import StepRollback
 
 from conftest import get_strategy
 from helpers import global_micro_batches, regression_data
@@ -201,3 +202,35 @@ def test_under_attach_a_skipped_step_leaves_the_compiled_metrics_alone() -> None
     np.testing.assert_allclose(
         history.history["mae"], [np.mean(np.abs(pred - y[clean]))], rtol=1e-5
     )
+
+
+def test_the_finiteness_check_sees_every_variable_and_each_kind_of_non_finite_value() -> None:
+    """`StepRollback.all_finite` sums each variable and tests the sums (issue 16: one pass,
+    no boolean copy): a NaN or an inf in any one of them, float16 ones included, is
+    found; large finite values whose sum stays below float32's range are not flagged."""
+    shapes = [(3,), (2, 2), (5,)]
+    weights = [tf.Variable(tf.ones(s)) for s in shapes]
+    half = tf.Variable(tf.ones([4], tf.float16))
+    state = tf.Variable(float("nan"), dtype=tf.float64)  # unchecked (the adaptive state's)
+    rollback = StepRollback(
+        tf.distribute.get_strategy(),
+        local=[],
+        mirrored=[*weights, half, state],
+        unchecked=[state],
+        name="finite_check",
+    )
+    assert bool(rollback.all_finite())
+    checked = 0
+    for variable in [*weights, half]:
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            before = variable.numpy()
+            value = before.copy().ravel()
+            value[-1] = bad
+            variable.assign(value.reshape(before.shape))
+            assert not bool(rollback.all_finite()), (variable.name, bad)
+            variable.assign(before)
+            assert bool(rollback.all_finite())
+            checked += 1
+    assert checked == 12
+    weights[1].assign(tf.fill([2, 2], 1e37))  # sum 4e37 < 3.4e38: finite
+    assert bool(rollback.all_finite())

@@ -62,15 +62,23 @@ def _f64(x: tf.Tensor | float | int) -> tf.Tensor:
 def sum_of_squares(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """Returns sum_j |t_j|^2 over a list of tensors, as a float64 scalar.
 
-    Each tensor's own sum is taken in its dtype promoted to at least float32 (one
-    fused reduction per tensor); the per-tensor sums are added in float64.
+    Each tensor's own sum is taken in its dtype promoted to at least float32, in one
+    fused pass (`tf.nn.l2_loss`: no squared copy of the tensor is allocated); the
+    per-tensor sums are added in float64.
 
     Example:
 
     >>> float(sum_of_squares([tf.constant([3.0]), tf.constant([[4.0]])]))
     25.0
     """
-    return dot(tensors, tensors)
+    if not tensors:
+        return tf.constant(0.0, _F64)
+    parts = []
+    for x in tensors:
+        if x.dtype in (tf.float16, tf.bfloat16):
+            x = tf.cast(x, tf.float32)
+        parts.append(_f64(tf.nn.l2_loss(x)))  # sum(x^2) / 2, one pass
+    return 2.0 * tf.add_n(parts)
 
 
 def dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -83,12 +91,13 @@ def dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
     """
     if len(a) != len(b):
         raise ValueError(f"`a` and `b` must have the same length. Received: {len(a)} and {len(b)}")
-    total = tf.constant(0.0, _F64)
+    if not a:
+        return tf.constant(0.0, _F64)
+    parts = []
     for x, y in zip(a, b, strict=True):
         dtype = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
-        part = tf.reduce_sum(tf.cast(x, dtype) * tf.cast(y, dtype))
-        total += _f64(part)
-    return total
+        parts.append(_f64(tf.reduce_sum(tf.cast(x, dtype) * tf.cast(y, dtype))))
+    return tf.add_n(parts)
 
 
 def step_moments(
