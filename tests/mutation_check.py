@@ -326,7 +326,7 @@ MUTANTS = [
     Mutant(
         "rollback_finiteness_ignores_the_weights",
         "tf_adabatch/rollback.py",
-        "for v in self._checked + self._checked_mirrored:",
+        "for v in self._checked + self.mirrored:",
         "for v in self._checked:",
         ("tests/test_rollback.py",),
         "the finiteness check reads the weights and optimizer slots, not only per-device copies",
@@ -396,12 +396,12 @@ MUTANTS = [
         "under attach a skipped step leaves the compiled metrics alone",
     ),
     Mutant(
-        "state_nan_counts_as_non_finite_update",
+        "statistics_committed_on_a_failed_update",
         "tf_adabatch/engine.py",
-        "            unchecked=list(self.state.variables),",
-        "            unchecked=[],",
+        "kept[name] = tf.where(applied, stats.new[name], stats.old[name])",
+        "kept[name] = tf.where(stats.finite, stats.new[name], stats.old[name])",
         ("tests/test_rollback.py",),
-        "a NaN similarity in the state (none measured yet) is not a non-finite update",
+        "a step whose update is not finite leaves the statistics (gain, averages) as they were",
     ),
     # ------------------------------------------------------ estimated similarity
     Mutant(

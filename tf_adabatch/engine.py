@@ -5,22 +5,26 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
     k x micro-step (replica context)   forward + backward on m examples; add the
                                         gradient to a per-replica accumulator and its
                                         squared norm to a float64 scalar
-    reduce (replica context)           ONE gradient-sized all-reduce (in exact mode of
-                                        the two groups' sum and difference, [A+B, A-B]), one
-                                        float64 scalar all-reduce; gbar = sum / n. The
+    reduce (replica context)           ONE all-reduce, one collective: the gradient
+                                        (in exact mode the two groups' sum and
+                                        difference, [A+B, A-B]) and the float64
+                                        scalars as float32 limbs; gbar = sum / n. The
                                         last micro-step runs in the same replica
                                         function: its gradient joins the accumulators'
                                         sum without being stored (with k = 1 the
                                         accumulators are not touched at all; not in
                                         exact mode with an odd N: two accumulators)
-    statistics (cross-replica context) moments, moving averages, gain, similarity
+    statistics (cross-replica context) moments, moving averages, gain, similarity (as
+                                        values; only the gain is written before
+                                        the apply: the learning-rate rule reads it)
     apply (cross-replica tf.cond)      the Keras optimizer applies gbar, with its own
                                         all-reduce bypassed; skipped if not finite
     roll-back (cross-replica tf.cond)  a skipped step (non-finite gradients, or an
                                         update that left a weight or slot non-finite)
                                         restores what the step wrote, from copies
                                         taken at its start (BatchNormalization
-                                        statistics included)
+                                        statistics included); then the statistics
+                                        are written, or kept as they were
     policy (cross-replica context)     the next batch size, as accumulation steps k
 
 k is read from a variable, so changing it never retraces. The engine is written once
@@ -148,6 +152,19 @@ class _Noise(NamedTuple):
     noise_scale: tf.Tensor
 
 
+# The state's statistics one step writes (`AdaptiveState` attribute names).
+_STATISTICS = ("grad_sqr_biased", "trace_sigma_biased", "ema_weight", "gain", "similarity")
+
+
+class _StepStatistics(NamedTuple):
+    """One step's statistics between the reading and the commit (cross-replica)."""
+
+    finite: tf.Tensor  # the gradients and the loss were finite
+    batch: tf.Tensor  # the global batch (float64)
+    new: dict[str, tf.Tensor]  # `_STATISTICS` if the step is applied
+    old: dict[str, tf.Tensor]  # `_STATISTICS` as they were
+
+
 class AdaptiveEngine:
     """The distributed adaptive training step, shared by every front door.
 
@@ -170,8 +187,9 @@ class AdaptiveEngine:
     A skipped step changes no weight, slot, model variable (BatchNormalization's
     moving statistics, seed generators), statistic, average, progress or batch size:
     what it wrote is restored from copies taken at the start of every step (one copy
-    of the model's and the optimizer's variables per device). Only the skip counters
-    and `samples_seen` move.
+    of the model's non-trainable variables per device, one of the weights and the
+    optimizer's variables), and the statistics are written only once the step is
+    known to be applied. Only the skip counters and `samples_seen` move.
 
     Groups: micro-gradient i of replica r belongs to group A if (i*N + r) is even. With
     an even number of replicas N this is "even replicas vs odd replicas" (SimiGrad's
@@ -312,9 +330,10 @@ class AdaptiveEngine:
         # generators) and the apply may have produced non-finite weights or slots
         # (e.g. an infinite learning rate). Both are restored from copies taken at the
         # start of the step. The model's copies are restored on every skip; the
-        # optimizer's and the adaptive state's only when the *update* was not finite
-        # (on a non-finite gradient, a loss-scale optimizer lowers its scale, which
-        # must stick).
+        # optimizer's only when the *update* was not finite (on a non-finite gradient, a
+        # loss-scale optimizer lowers its scale, which must stick). The adaptive state
+        # needs no copy: a step writes its statistics after the check
+        # (`_commit_statistics`), all but the gain, which it rewrites then.
         trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
         optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
         self._rollback = StepRollback(
@@ -323,8 +342,7 @@ class AdaptiveEngine:
                 *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
                 *self.measurement.carried_buffers,
             ],
-            mirrored=[*model.trainable_variables, *optimizer_variables, *self.state.variables],
-            unchecked=list(self.state.variables),
+            mirrored=[*model.trainable_variables, *optimizer_variables],
             name="adabatch_backup",
         )
         # Called in replica context after each micro-step's forward pass with
@@ -656,7 +674,8 @@ class AdaptiveEngine:
                 per_replica, gbar = strategy.run(self._reduce_fn)
         with tf.name_scope(SCOPES["statistics"]):
             reading = tf.nest.map_structure(lambda v: _local(strategy, v), per_replica)
-            finite, batch = self._update_statistics(reading)
+            stats = self._update_statistics(reading)
+            finite, batch = stats.finite, stats.batch
             # The rate this step applies (read before the optimizer counts the step).
             learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
         with tf.name_scope(SCOPES["apply"]):
@@ -668,15 +687,14 @@ class AdaptiveEngine:
             applied = finite & update_ok
             # Any skip: the forward passes' writes (BatchNormalization statistics...).
             tf.cond(applied, lambda: None, self._rollback.restore_local)
-            # A finite gradient with a non-finite update: weights, slots and the state
-            # the statistics wrote. (On a non-finite gradient nothing was applied, and a
-            # loss-scale optimizer's lowered scale must stick.)
+            # A finite gradient with a non-finite update: weights and slots. (On a
+            # non-finite gradient nothing was applied, and a loss-scale optimizer's
+            # lowered scale must stick.)
             tf.cond(
                 finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
             )
         with tf.name_scope(SCOPES["statistics"]):
-            # Read after a possible roll-back (which restores the state).
-            noise = self._noise_statistics()
+            noise = self._commit_statistics(stats, applied)
         with tf.name_scope(SCOPES["policy"]):
             counters = self._advance(applied, reading.num_micro, noise)
         return {
@@ -706,19 +724,13 @@ class AdaptiveEngine:
         finally:
             self._bypass.active = False
 
-    def _noise_statistics(self) -> _Noise:
-        """The statistics as the state holds them after a possible roll-back."""
-        grad_sqr, trace = self.smoothed_moments()
-        return _Noise(
-            gain=self.state.gain.read_value(),
-            similarity=self.state.similarity.read_value(),
-            grad_sqr=grad_sqr,
-            trace_sigma=trace,
-            noise_scale=S.noise_scale(grad_sqr, trace),
-        )
+    def _update_statistics(self, reading: Reading) -> _StepStatistics:
+        """Moments, moving averages, gain and similarity of this step, as values.
 
-    def _update_statistics(self, reading: Reading) -> tuple[tf.Tensor, tf.Tensor]:
-        """Moments, moving averages, gain and similarity; returns (finite, batch size)."""
+        Only the gain is written here: the learning-rate rule reads it while the
+        optimizer applies. The rest is written by `_commit_statistics` once the step is
+        known to be applied, so a skipped step has nothing of the state to roll back.
+        """
         state = self.state
         batch = reading.num_micro * float(self.micro_batch_size)
         b0 = tf.constant(float(self.base_batch_size), _F64)
@@ -730,21 +742,46 @@ class AdaptiveEngine:
         n = reading.num_micro
         decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
         update = finite & step.valid
+        old = {name: getattr(state, name).read_value() for name in _STATISTICS}
         grad_sqr_b, weight = S.ema_update(
-            state.grad_sqr_biased, state.ema_weight, moments.grad_sqr, decay
+            old["grad_sqr_biased"], old["ema_weight"], moments.grad_sqr, decay
         )
         trace_b, _ = S.ema_update(
-            state.trace_sigma_biased, state.ema_weight, moments.trace_sigma, decay
+            old["trace_sigma_biased"], old["ema_weight"], moments.trace_sigma, decay
         )
-        state.grad_sqr_biased.assign(tf.where(update, grad_sqr_b, state.grad_sqr_biased))
-        state.trace_sigma_biased.assign(tf.where(update, trace_b, state.trace_sigma_biased))
-        state.ema_weight.assign(tf.where(update, weight, state.ema_weight))
+        grad_sqr_b = tf.where(update, grad_sqr_b, old["grad_sqr_biased"])
+        trace_b = tf.where(update, trace_b, old["trace_sigma_biased"])
+        weight = tf.where(update, weight, old["ema_weight"])
+        grad_sqr, trace = S.debias(grad_sqr_b, weight), S.debias(trace_b, weight)
+        gain = tf.where(weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
+        gain = tf.where(finite, gain, old["gain"])
+        state.gain.assign(gain, read_value=False)
+        new = {
+            "grad_sqr_biased": grad_sqr_b,
+            "trace_sigma_biased": trace_b,
+            "ema_weight": weight,
+            "gain": gain,
+            "similarity": tf.where(finite, step.similarity, old["similarity"]),
+        }
+        return _StepStatistics(finite, batch, new, old)
 
-        grad_sqr, trace = self.smoothed_moments()
-        gain = tf.where(state.ema_weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
-        state.gain.assign(tf.where(finite, gain, state.gain))
-        state.similarity.assign(tf.where(finite, step.similarity, state.similarity))
-        return finite, batch
+    def _commit_statistics(self, stats: _StepStatistics, applied: tf.Tensor) -> _Noise:
+        """Writes the step's statistics if it was applied (else keeps the old ones, the
+        gain included); returns them as the policy and the logs see them."""
+        kept = {}
+        for name in _STATISTICS:
+            kept[name] = tf.where(applied, stats.new[name], stats.old[name])
+            getattr(self.state, name).assign(kept[name], read_value=False)
+        self.measurement.after_step(applied, stats.batch)
+        grad_sqr = S.debias(kept["grad_sqr_biased"], kept["ema_weight"])
+        trace = S.debias(kept["trace_sigma_biased"], kept["ema_weight"])
+        return _Noise(
+            gain=kept["gain"],
+            similarity=kept["similarity"],
+            grad_sqr=grad_sqr,
+            trace_sigma=trace,
+            noise_scale=S.noise_scale(grad_sqr, trace),
+        )
 
     def _advance(
         self, finite: tf.Tensor, num_micro: tf.Tensor, noise: _Noise
@@ -757,26 +794,32 @@ class AdaptiveEngine:
         # (an error inside the loop) leaves the state untouched.
         batch = tf.cast(tf.round(num_micro), tf.int64) * self.micro_batch_size
         if self.lr_schedule is None:
-            increment = state.gain.read_value()
+            increment = noise.gain
         else:
             scale = tf.cast(batch, _F64) / float(self.base_batch_size)
-            increment = self.lr_schedule.progress_increment(state.gain, scale)
+            increment = self.lr_schedule.progress_increment(noise.gain, scale)
         increment = tf.where(finite, tf.cast(increment, _F64), 0.0)
-        state.progress.assign_add(increment)
-        state.steps.assign_add(applied)
-        state.skipped_steps.assign_add(1 - applied)
-        state.consecutive_skips.assign(
-            tf.where(finite, tf.zeros_like(applied), state.consecutive_skips + 1)
-        )
-        state.samples_seen.assign_add(batch)
+        progress = state.progress.read_value() + increment
+        steps = state.steps.read_value() + applied
+        skipped = state.skipped_steps.read_value() + (1 - applied)
+        consecutive = tf.where(finite, tf.zeros_like(applied), state.consecutive_skips + 1)
+        samples = state.samples_seen.read_value() + batch
+        for variable, value in (
+            (state.progress, progress),
+            (state.steps, steps),
+            (state.skipped_steps, skipped),
+            (state.consecutive_skips, consecutive),
+            (state.samples_seen, samples),
+        ):
+            variable.assign(value, read_value=False)
         stats = StepStats(
             similarity=noise.similarity,
             grad_sqr=noise.grad_sqr,
             trace_sigma=noise.trace_sigma,
             noise_scale=noise.noise_scale,
             gain=noise.gain,
-            progress=state.progress.read_value(),
-            step=state.steps.read_value(),
+            progress=progress,
+            step=steps,
         )
         unit = self.num_replicas * self.micro_batch_size
         # Skipped steps leave the policy (and its state) alone.
@@ -786,15 +829,17 @@ class AdaptiveEngine:
             lambda: tf.cast(batch, tf.float64),
         )
         new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
-        state.accumulation_steps.assign(tf.where(finite, new_k, state.accumulation_steps))
+        state.accumulation_steps.assign(
+            tf.where(finite, new_k, state.accumulation_steps), read_value=False
+        )
         return {
             _PROGRESS_INCREMENT: increment,
-            "progress": state.progress.read_value(),
-            "samples_seen": tf.cast(state.samples_seen, _F64),
-            "skipped_steps": tf.cast(state.skipped_steps, _F64),
+            "progress": progress,
+            "samples_seen": tf.cast(samples, _F64),
+            "skipped_steps": tf.cast(skipped, _F64),
             "applied": tf.cast(finite, _F64),
-            "step": tf.cast(state.steps + state.skipped_steps, _F64),
-            "consecutive_skips": tf.cast(state.consecutive_skips, _F64),
+            "step": tf.cast(steps + skipped, _F64),
+            "consecutive_skips": tf.cast(consecutive, _F64),
         }
 
     # ---------------------------------------------------------------- validation

@@ -352,6 +352,10 @@ class GroupMeasurement:
     ) -> Interpretation:
         return Interpretation(moments, valid, self._similarity(reading, moments, batch))
 
+    def after_step(self, applied: tf.Tensor, batch: tf.Tensor) -> None:
+        """Writes what the next step reads of this one, if it was applied (cross-replica
+        context; after the roll-back). Nothing here; the differenced estimator's batch."""
+
     def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
         """The step's similarity (each mode its own reading; none has a memory)."""
         # This step's own moments (unclipped): like exact mode's per-step cosine it has
@@ -426,8 +430,14 @@ class DifferencedSingleReplica(GroupMeasurement):
             *(tf.where(valid, w, d) for w, d in zip(moments, diff, strict=True))
         )
         valid = valid | has_prev
-        state.prev_batch_size.assign(tf.where(finite, batch, state.prev_batch_size))
         return super()._interpret(reading, moments, valid, batch, finite)
+
+    def after_step(self, applied: tf.Tensor, batch: tf.Tensor) -> None:
+        # `prev` holds this step's gradient (the roll-back restores it on a skip).
+        state = self.state
+        state.prev_batch_size.assign(
+            tf.where(applied, batch, state.prev_batch_size), read_value=False
+        )
 
 
 class ExactGroups(GroupMeasurement):

@@ -22,7 +22,7 @@ class StepRollback:
       same synchronization so that `strategy.experimental_local_results` pairs their
       components: no cross-device traffic, no synchronisation point.
     - `mirrored`: variables kept identical on every device (trainable weights,
-      optimizer slots, the adaptive state). `save` returns their values as tensors
+      optimizer slots). `save` returns their values as tensors
       (one read each); `restore` assigns them back to every device, which happens only
       on a roll-back.
 
@@ -30,7 +30,7 @@ class StepRollback:
 
     >>> w = tf.Variable([1.0, 2.0])
     >>> rollback = StepRollback(tf.distribute.get_strategy(), local=[], mirrored=[w],
-    ...                         unchecked=[], name="doc_backup")
+    ...                         name="doc_backup")
     >>> saved = rollback.save()
     >>> _ = w.assign([float("nan"), 0.0])
     >>> bool(rollback.all_finite())
@@ -46,7 +46,6 @@ class StepRollback:
         *,
         local: list[Any],
         mirrored: list[Any],
-        unchecked: list[Any],
         name: str,
     ) -> None:
         self._strategy, self._name = strategy, name
@@ -55,10 +54,6 @@ class StepRollback:
         self._checked: list[Any] = []  # per-device copies whose finiteness counts
         self.add_local(local)
         self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
-        # The adaptive state may hold NaN legitimately (no similarity yet): only the
-        # weights and the optimizer's variables count in the finiteness check.
-        unchecked_ids = {id(v) for v in _unique(unchecked)}
-        self._checked_mirrored = [v for v in self.mirrored if id(v) not in unchecked_ids]
 
     def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
         """Saves these too from now on (host code, before the step is traced)."""
@@ -99,8 +94,7 @@ class StepRollback:
 
     def all_finite(self) -> tf.Tensor:
         """Whether every floating-point variable checked holds only finite values (every
-        copy of the local ones, the first copy of the mirrored ones; not the adaptive
-        state's, nor the metrics').
+        copy of the local ones, the first copy of the mirrored ones; not the metrics').
 
         A sum is finite exactly when its terms are, unless it overflows: each variable
         is summed (one fused pass, no boolean copy of it; 16-bit ones in float32) and
@@ -109,7 +103,7 @@ class StepRollback:
         model whose weights have already diverged) counts as non-finite.
         """
         groups: dict[tuple[str, Any], list[tf.Tensor]] = {}
-        for v in self._checked + self._checked_mirrored:
+        for v in self._checked + self.mirrored:
             if not v.dtype.is_floating:
                 continue
             dtype = tf.float32 if v.dtype in (tf.float16, tf.bfloat16) else v.dtype
