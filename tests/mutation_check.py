@@ -81,8 +81,8 @@ MUTANTS = [
     Mutant(
         "engine_grad_mean_sq_divides_by_n_once",
         "tf_adabatch/measure.py",
-        "grad_mean_sq = total_sq / tf.square(tf.cast(n, _F64))",
-        "grad_mean_sq = total_sq / tf.cast(n, _F64)",
+        "grad_mean_sq = total_sq / tf.square(tf.cast(reading.num_micro, _F64))",
+        "grad_mean_sq = total_sq / tf.cast(reading.num_micro, _F64)",
         (CLOSED_FORM,),
         "|gbar|^2 = |sum|^2 / n^2 in exact mode",
     ),

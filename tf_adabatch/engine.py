@@ -311,6 +311,17 @@ class AdaptiveEngine:
                 micro_batch_size=micro_batch_size,
                 state=self.state,
             )
+        # With N >= 2 replicas the reading's gradient-sized terms are computed once, on
+        # the first replica's all-reduced tensors, not by every replica (on a TPU the
+        # cross-replica code runs on the host: there each replica keeps computing them).
+        tpu = tuple(
+            module.TPUStrategy
+            for module in (tf.distribute, tf.distribute.experimental)
+            if hasattr(module, "TPUStrategy")
+        )
+        self.measurement.norms_after_reduce = self.num_replicas >= 2 and not isinstance(
+            self.strategy, tpu
+        )
         self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
         # state.
@@ -568,7 +579,7 @@ class AdaptiveEngine:
 
     def _last_micro_step(
         self, data: Any, micro_index: tf.Tensor
-    ) -> tuple[Reading, list[tf.Tensor]]:
+    ) -> tuple[Reading, list[tf.Tensor], tuple[list[tf.Tensor], ...]]:
         """The step's last micro-step and the reduce, fused (one replica function).
 
         The last micro-step's gradients and scalars go to the all-reduce added to the
@@ -664,16 +675,21 @@ class AdaptiveEngine:
             for i in tf.range(k - 1):
                 strategy.run(self._micro_fn, args=(next(iterator), i))
             with tf.name_scope(SCOPES["statistics"]):  # the all-reduces have their own
-                per_replica, gbar = strategy.run(self._last_fn, args=(next(iterator), k - 1))
+                per_replica, gbar, pending = strategy.run(
+                    self._last_fn, args=(next(iterator), k - 1)
+                )
         else:
             # Every micro-step is accumulated first (odd N in exact mode: into one of
             # two accumulators).
             for i in tf.range(k):
                 strategy.run(self._micro_fn, args=(next(iterator), i))
             with tf.name_scope(SCOPES["statistics"]):
-                per_replica, gbar = strategy.run(self._reduce_fn)
+                per_replica, gbar, pending = strategy.run(self._reduce_fn)
         with tf.name_scope(SCOPES["statistics"]):
             reading = tf.nest.map_structure(lambda v: _local(strategy, v), per_replica)
+            if self.measurement.norms_after_reduce:
+                local = tf.nest.map_structure(lambda v: _local(strategy, v), pending)
+                reading = self.measurement.complete(reading, local)
             stats = self._update_statistics(reading)
             finite, batch = stats.finite, stats.batch
             # The rate this step applies (read before the optimizer counts the step).

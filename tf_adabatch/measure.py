@@ -144,23 +144,8 @@ def _replica_id() -> tf.Tensor:
 # The float64 scalars travel in the gradient all-reduce as float32 limbs (below).
 _LIMBS = 3
 _LIMB_BITS = 8
-_EXPONENT_BIAS = 1023
-_MANTISSA_BITS = 52
-
-
-def _power_of_two(exponent: tf.Tensor) -> tf.Tensor:
-    """2**exponent as an exact float64, for integer exponents in [-1022, 1023]."""
-    biased = tf.clip_by_value(exponent + _EXPONENT_BIAS, 1, 2 * _EXPONENT_BIAS)
-    return tf.bitcast(tf.bitwise.left_shift(biased, _MANTISSA_BITS), _F64)
-
-
-def _leading_bits(x: tf.Tensor, bits: int) -> tf.Tensor:
-    """x rounded to its `bits` leading significant bits (float64, exact; 0 stays 0)."""
-    exponent = tf.bitwise.bitwise_and(
-        tf.bitwise.right_shift(tf.bitcast(x, tf.int64), _MANTISSA_BITS), 2 * _EXPONENT_BIAS + 1
-    )
-    unit = _power_of_two(exponent - _EXPONENT_BIAS - (bits - 1))
-    return tf.where(x == 0.0, tf.zeros_like(x), tf.round(x / unit) * unit)
+# Veltkamp's splitting constant for a head of _LIMB_BITS of float64's 53 bits.
+_SPLITTER = float(2 ** (53 - _LIMB_BITS) + 1)
 
 
 def split_float64(x: tf.Tensor) -> tf.Tensor:
@@ -177,7 +162,8 @@ def split_float64(x: tf.Tensor) -> tf.Tensor:
     2**(15 - log2 N) of each other (2**12 for 8 replicas), where a plain float32 sum
     keeps 2**-24 (6e-8); a wider spread degrades to float32's precision, never below it
     (tests/test_scalar_transport.py measures all three). Values beyond
-    float32's range (above 3.4e38) become inf, and non-finite values stay non-finite.
+    float32's range (above 3.4e38) become inf, and non-finite values stay non-finite
+    (inf may come back as NaN).
 
     >>> x = tf.constant([1.0 / 3.0, 0.0, -2.0**60 / 7.0], tf.float64)
     >>> limbs = split_float64(x)
@@ -186,16 +172,16 @@ def split_float64(x: tf.Tensor) -> tf.Tensor:
     >>> bool(tf.reduce_all(tf.abs(join_float64(limbs) - x) <= 2.0**-40 * tf.abs(x)))
     True
     """
-    x = tf.convert_to_tensor(x, _F64)
-    finite = tf.math.is_finite(x)
-    rest = tf.where(finite, x, tf.zeros_like(x))
+    rest = tf.convert_to_tensor(x, _F64)
     limbs = []
     for _ in range(_LIMBS - 1):
-        head = _leading_bits(rest, _LIMB_BITS)
+        # Veltkamp's split: `head` is `rest` rounded to its _LIMB_BITS leading bits and
+        # rest - head is exact (three float64 operations, no bit manipulation).
+        scaled = rest * _SPLITTER
+        head = scaled - (scaled - rest)
         limbs.append(head)
         rest -= head
     limbs.append(rest)
-    limbs[0] = tf.where(finite, limbs[0], x)  # NaN and inf travel in the first limb
     return tf.cast(tf.concat(limbs, 0), tf.float32)
 
 
@@ -257,6 +243,10 @@ class GroupMeasurement:
     min_accumulation_steps = 1
     fuses_last_micro_step = True
     uses_replica_norms = False
+    # Set by the engine: leave the gradient-sized terms of the reading to `complete`,
+    # once, in cross-replica context (N >= 2, not on TPUs, whose cross-replica code
+    # runs on the host).
+    norms_after_reduce = False
 
     def __init__(
         self, variables: list[Any], *, num_replicas: int, micro_batch_size: int, state: Any
@@ -294,11 +284,17 @@ class GroupMeasurement:
         local: list[tf.Tensor] | None = None,
         local_scalars: tf.Tensor | None = None,
         local_sq: tf.Tensor | None = None,
-    ) -> tuple[Reading, list[tf.Tensor]]:
-        """All-reduces this replica's sums (default: the accumulators'); (reading, gbar).
+    ) -> tuple[Reading, list[tf.Tensor], tuple[list[tf.Tensor], ...]]:
+        """All-reduces this replica's sums (default: the accumulators').
 
         `local_sq`: |sum of this replica's micro-gradients|^2 if the caller has it
         (a measurement with `uses_replica_norms` needs it; computed if not given).
+
+        Returns:
+          (reading, gbar, pending). With `norms_after_reduce` set, the reading's
+          gradient-sized terms (|gbar|^2; exact mode's group products) are left to
+          `complete` in cross-replica context, from `pending` (the all-reduced tensors
+          they need); otherwise they are computed here and `pending` is empty.
         """
         ctx = tf.distribute.get_replica_context()
         if local is None:
@@ -310,25 +306,35 @@ class GroupMeasurement:
                 local_sq = S.sum_of_squares(local)
             # [|h_r|^2, |h_r|] of this replica: summed over replicas with the others.
             local_scalars = tf.concat([local_scalars, [local_sq, tf.sqrt(local_sq)]], 0)
-        total, total_sq, extra, scalars = self._all_reduce_gradients(ctx, local, local_scalars)
-        if self.uses_replica_norms:
-            extra = (scalars[3], scalars[4])
+        total, pending, scalars = self._all_reduce_gradients(ctx, local, local_scalars)
         n = scalars[2]
         # One multiplication per element (a division costs several times more).
         gbar = [t * tf.cast(1.0 / n, t.dtype) for t in total]
-        if total_sq is None:
-            grad_mean_sq = S.sum_of_squares(gbar)
-        else:
-            grad_mean_sq = total_sq / tf.square(tf.cast(n, _F64))
-        reading = Reading(n, scalars[0] / n, scalars[1] / n, grad_mean_sq, extra)
-        return self._after_reduce(reading, gbar), gbar
+        extra = (scalars[3], scalars[4]) if self.uses_replica_norms else ()
+        reading = Reading(n, scalars[0] / n, scalars[1] / n, tf.constant(float("nan"), _F64), extra)
+        pending = (gbar, *pending)
+        if self.norms_after_reduce:
+            return reading, gbar, pending
+        return self._after_reduce(self.complete(reading, pending), gbar), gbar, ()
+
+    def complete(self, reading: Reading, pending: tuple[list[tf.Tensor], ...]) -> Reading:
+        """The reading's gradient-sized terms, from `reduce`'s pending tensors.
+
+        Called by `reduce` itself, or, with `norms_after_reduce`, once in cross-replica
+        context on the first replica's tensors: the all-reduced tensors are the same on
+        every replica, so there is no need for each replica to reduce them again (with
+        N replicas sharing a CPU that is N - 1 passes over the gradient saved).
+        """
+        gbar = pending[0]
+        with tf.device(gbar[0].device):
+            return reading._replace(grad_mean_sq=S.sum_of_squares(gbar))
 
     def _all_reduce_gradients(
         self, ctx: Any, local: list[tf.Tensor], scalars: tf.Tensor
-    ) -> tuple[list[tf.Tensor], tf.Tensor | None, tuple[tf.Tensor, ...], tf.Tensor]:
-        """(total, |total|^2 if known, extra terms, the scalars' sums), one all-reduce."""
+    ) -> tuple[list[tf.Tensor], tuple[list[tf.Tensor], ...], tf.Tensor]:
+        """(total, tensors `complete` needs besides gbar, the scalars' sums), one all-reduce."""
         total, scalars = all_reduce_with_scalars(ctx, local, scalars)
-        return total, None, (), scalars
+        return total, (), scalars
 
     def _after_reduce(self, reading: Reading, gbar: list[tf.Tensor]) -> Reading:
         return reading
@@ -355,6 +361,7 @@ class GroupMeasurement:
     def after_step(self, applied: tf.Tensor, batch: tf.Tensor) -> None:
         """Writes what the next step reads of this one, if it was applied (cross-replica
         context; after the roll-back). Nothing here; the differenced estimator's batch."""
+        del applied, batch
 
     def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
         """The step's similarity (each mode its own reading; none has a memory)."""
@@ -478,7 +485,7 @@ class ExactGroups(GroupMeasurement):
 
     def _all_reduce_gradients(
         self, ctx: Any, local: list[tf.Tensor], scalars: tf.Tensor
-    ) -> tuple[list[tf.Tensor], tf.Tensor | None, tuple[tf.Tensor, ...], tf.Tensor]:
+    ) -> tuple[list[tf.Tensor], tuple[list[tf.Tensor], ...], tf.Tensor]:
         # One all-reduce of [A + B, A - B] (A, B: this replica's part of the two groups'
         # sums) yields the total T = sum_A + sum_B that is applied and the difference
         # D = sum_A - sum_B; the three inner products of the groups follow from |T|^2,
@@ -505,14 +512,20 @@ class ExactGroups(GroupMeasurement):
         # estimated mode.
         reduced, scalars = all_reduce_with_scalars(ctx, sums + diffs, scalars)
         total, diff = reduced[: len(local)], reduced[len(local) :]
-        total_sq = S.sum_of_squares(total)
-        diff_sq = S.sum_of_squares(diff)
-        cross = S.dot(total, diff)
+        return total, (total, diff), scalars
+
+    def complete(self, reading: Reading, pending: tuple[list[tf.Tensor], ...]) -> Reading:
+        _, total, diff = pending
+        with tf.device(total[0].device):
+            total_sq = S.sum_of_squares(total)
+            diff_sq = S.sum_of_squares(diff)
+            cross = S.dot(total, diff)
         # cos(sum_A, sum_B) = cos(mean_A, mean_B): the groups' sizes do not matter.
         dot_ab = (total_sq - diff_sq) / 4.0
         sq_a = (total_sq + 2.0 * cross + diff_sq) / 4.0
         sq_b = (total_sq - 2.0 * cross + diff_sq) / 4.0
-        return total, total_sq, (dot_ab, sq_a, sq_b), scalars
+        grad_mean_sq = total_sq / tf.square(tf.cast(reading.num_micro, _F64))
+        return reading._replace(grad_mean_sq=grad_mean_sq, extra=(dot_ab, sq_a, sq_b))
 
     def _similarity(self, reading: Reading, moments: S.NoiseMoments, batch: tf.Tensor) -> tf.Tensor:
         return S.cosine_similarity(*reading.extra)
