@@ -350,7 +350,7 @@ MUTANTS = [
     Mutant(
         "rollback_restore_local_does_nothing",
         "tf_adabatch/rollback.py",
-        "            source.assign(copy)",
+        "            source.assign(copy.read_value(), read_value=False)",
         "            pass",
         ("tests/test_rollback.py",),
         "restoring the per-device copies writes them back (StepRollback itself, not its caller)",
@@ -374,8 +374,8 @@ MUTANTS = [
     Mutant(
         "non_finite_update_kept",
         "tf_adabatch/engine.py",
-        "finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None",
-        "finite & ~update_ok, lambda: None, lambda: None",
+        "            self._restore_fn()",
+        "            pass",
         ("tests/test_rollback.py",),
         "an update that leaves a weight or slot non-finite is rolled back",
     ),

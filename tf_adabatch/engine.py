@@ -73,6 +73,9 @@ SIMILARITY_MODES = ("exact", "estimated")
 # The step function's progress increment, popped from its logs by `train_step` (it
 # gives progress_per_second without reading the progress variable before the step).
 _PROGRESS_INCREMENT = "_progress_increment"
+# Whether the step's update was not finite (finite gradients): `train_step` then restores
+# the weights and the optimizer's variables from the roll-back's copy.
+_RESTORE = "_restore_weights"
 _F64 = tf.float64
 
 
@@ -372,6 +375,7 @@ class AdaptiveEngine:
         self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
         self._step_fn = tf.function(self._train_step)
+        self._restore_fn = tf.function(self._rollback.restore_mirrored)
 
     # ------------------------------------------------------------------ public API
 
@@ -528,6 +532,8 @@ class AdaptiveEngine:
         # reading them is the only host round trip of a step.
         consecutive_skips = int(logs["consecutive_skips"])
         seconds = time.perf_counter() - start
+        if float(logs.pop(_RESTORE)):  # rare: an update that was not finite
+            self._restore_fn()
         increment = float(logs.pop(_PROGRESS_INCREMENT))
         logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
@@ -670,7 +676,7 @@ class AdaptiveEngine:
         state = self.state
         k = state.accumulation_steps.read_value()
         with tf.name_scope(SCOPES["rollback"]):
-            saved = self._rollback.save()
+            self._rollback.save()
         if self.measurement.fuses_last_micro_step:
             for i in tf.range(k - 1):
                 strategy.run(self._micro_fn, args=(next(iterator), i))
@@ -703,17 +709,17 @@ class AdaptiveEngine:
             applied = finite & update_ok
             # Any skip: the forward passes' writes (BatchNormalization statistics...).
             tf.cond(applied, lambda: None, self._rollback.restore_local)
-            # A finite gradient with a non-finite update: weights and slots. (On a
-            # non-finite gradient nothing was applied, and a loss-scale optimizer's
-            # lowered scale must stick.)
-            tf.cond(
-                finite & ~update_ok, lambda: self._rollback.restore_mirrored(saved), lambda: None
-            )
+            # A finite gradient with a non-finite update: `train_step` restores the
+            # weights and slots (`_restore_fn`) before it returns. (On a non-finite
+            # gradient nothing was applied, and a loss-scale optimizer's lowered scale
+            # must stick.)
+            restore = finite & ~update_ok
         with tf.name_scope(SCOPES["statistics"]):
             noise = self._commit_statistics(stats, applied)
         with tf.name_scope(SCOPES["policy"]):
             counters = self._advance(applied, reading.num_micro, noise)
         return {
+            _RESTORE: tf.cast(restore, _F64),
             "loss": reading.loss,
             "batch_size": batch,
             "accumulation_steps": tf.cast(k, _F64),

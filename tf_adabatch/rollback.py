@@ -22,20 +22,24 @@ class StepRollback:
       same synchronization so that `strategy.experimental_local_results` pairs their
       components: no cross-device traffic, no synchronisation point.
     - `mirrored`: variables kept identical on every device (trainable weights,
-      optimizer slots). `save` returns their values as tensors
-      (one read each); `restore` assigns them back to every device, which happens only
-      on a roll-back.
+      optimizer slots). `save` copies the first device's copy into a backup on that
+      device (one copy in all; the backup is allocated on every device, since a
+      variable made under a strategy's scope is, but only the first is written);
+      `restore_mirrored` assigns it back to every device. It is not part of the step:
+      the step reports that its update was not finite, and the host calls
+      `restore_mirrored` (a `tf.function`) then, so that the step carries no branch
+      holding the saved values.
 
     Example (the default strategy; a mirrored variable written, then rolled back):
 
     >>> w = tf.Variable([1.0, 2.0])
     >>> rollback = StepRollback(tf.distribute.get_strategy(), local=[], mirrored=[w],
     ...                         name="doc_backup")
-    >>> saved = rollback.save()
+    >>> rollback.save()
     >>> _ = w.assign([float("nan"), 0.0])
     >>> bool(rollback.all_finite())
     False
-    >>> rollback.restore_mirrored(saved)
+    >>> rollback.restore_mirrored()
     >>> w.numpy().tolist()
     [1.0, 2.0]
     """
@@ -54,6 +58,19 @@ class StepRollback:
         self._checked: list[Any] = []  # per-device copies whose finiteness counts
         self.add_local(local)
         self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
+        self._backups: list[Any] = []  # the distributed backup variables (kept alive)
+        self._mirrored_pairs: list[tuple[Any, Any]] = []  # (first copy, its backup)
+        with strategy.scope():
+            for i, v in enumerate(self.mirrored):
+                backup = tf.Variable(
+                    tf.zeros(v.shape, v.dtype),
+                    name=f"{name}_mirrored_{i}",
+                    trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                )
+                self._backups.append(backup)
+                self._mirrored_pairs.append((_first(strategy, v), _first(strategy, backup)))
 
     def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
         """Saves these too from now on (host code, before the step is traced)."""
@@ -79,18 +96,19 @@ class StepRollback:
                 if check_finite:
                     self._checked.extend(sources)
 
-    def save(self) -> list[tf.Tensor]:
-        for source, copy in self._pairs:
-            copy.assign(source)
-        return [v.read_value() for v in self.mirrored]
+    def save(self) -> None:
+        """Copies what the step may write (cross-replica context, at the step's start)."""
+        for source, copy in [*self._pairs, *self._mirrored_pairs]:
+            copy.assign(source.read_value(), read_value=False)
 
     def restore_local(self) -> None:
         for source, copy in self._pairs:
-            source.assign(copy)
+            source.assign(copy.read_value(), read_value=False)
 
-    def restore_mirrored(self, saved: list[tf.Tensor]) -> None:
-        for variable, value in zip(self.mirrored, saved, strict=True):
-            variable.assign(value)
+    def restore_mirrored(self) -> None:
+        """Assigns the saved weights and slots back to every device (cross-replica)."""
+        for variable, (_, copy) in zip(self.mirrored, self._mirrored_pairs, strict=True):
+            variable.assign(copy.read_value(), read_value=False)
 
     def all_finite(self) -> tf.Tensor:
         """Whether every floating-point variable checked holds only finite values (every
@@ -115,6 +133,11 @@ class StepRollback:
             with tf.device(device):
                 checks.append(tf.math.is_finite(tf.add_n(sums)))
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _first(strategy: tf.distribute.Strategy, variable: Any) -> Any:
+    """The first local device's copy of a (possibly distributed) variable."""
+    return strategy.experimental_local_results(variable)[0]
 
 
 def _unique(variables: list[Any]) -> list[Any]:
