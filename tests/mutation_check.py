@@ -164,8 +164,8 @@ MUTANTS = [
     Mutant(
         "replica_norm_of_the_last_micro_step_only",
         "tf_adabatch/engine.py",
-        "local_sq = S.sum_of_squares(local) if norms else scalars[0]",
-        "local_sq = scalars[0]",
+        "lambda: S.sum_of_squares(local), lambda: scalars[0])",
+        "lambda: scalars[0], lambda: scalars[0])",
         (CLOSED_FORM,),
         "a replica's norm is that of its whole gradient sum h_r, not of its last micro-gradient",
     ),
