@@ -210,6 +210,14 @@ def all_reduce_with_scalars(
 
     Returns:
       (the tensors' sums, the scalars' sums as float64).
+
+    Example (the default strategy's single replica: the sums are the values):
+
+    >>> ctx = tf.distribute.get_replica_context()
+    >>> total, sums = all_reduce_with_scalars(
+    ...     ctx, [tf.ones(2)], tf.constant([0.1, 3.0], tf.float64))
+    >>> total[0].numpy().tolist(), sums.numpy().tolist()
+    ([1.0, 1.0], [0.1, 3.0])
     """
     dtypes = {t.dtype for t in tensors}
     sum_op = tf.distribute.ReduceOp.SUM
