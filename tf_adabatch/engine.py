@@ -712,7 +712,8 @@ class AdaptiveEngine:
             update_ok = self._rollback.all_finite()
             applied = finite & update_ok
             # Any skip: the forward passes' writes (BatchNormalization statistics...).
-            tf.cond(applied, lambda: None, self._rollback.restore_local)
+            if self._rollback.local:  # (no branch at all for a model without any)
+                tf.cond(applied, lambda: None, self._rollback.restore_local)
             # A finite gradient with a non-finite update: `train_step` restores the
             # weights and slots (`_restore_fn`) before it returns. (On a non-finite
             # gradient nothing was applied, and a loss-scale optimizer's lowered scale
