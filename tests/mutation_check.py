@@ -224,8 +224,8 @@ MUTANTS = [
     Mutant(
         "skip_counted_wrong",
         "tf_adabatch/engine.py",
-        "state.skipped_steps.assign_add(1 - applied)",
-        "state.skipped_steps.assign_add(tf.ones_like(applied))",
+        "skipped = state.skipped_steps.read_value() + (1 - applied)",
+        "skipped = state.skipped_steps.read_value() + tf.ones_like(applied)",
         (
             f"{G}::test_a_skipped_step_under_smoothed_simigrad_changes_neither_batch_nor_policy_state",
             "tests/test_engine_equivalence.py::test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing",
@@ -246,8 +246,8 @@ MUTANTS = [
     Mutant(
         "skip_updates_moving_averages",
         "tf_adabatch/engine.py",
-        "update = finite & step.valid",
-        "update = step.valid",
+        "kept[name] = tf.where(applied, stats.new[name], stats.old[name])",
+        "kept[name] = stats.new[name]",
         (
             "tests/test_engine_equivalence.py::test_non_finite_micro_batch_skips_the_step_and_corrupts_nothing",
         ),

@@ -768,7 +768,7 @@ class AdaptiveEngine:
         moments = S.clip_moments(step.moments, b0, self.min_variance)
         n = reading.num_micro
         decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
-        update = finite & step.valid
+        update = step.valid  # (a skipped step commits none of this: `_commit_statistics`)
         old = {name: getattr(state, name).read_value() for name in _STATISTICS}
         grad_sqr_b, weight = S.ema_update(
             old["grad_sqr_biased"], old["ema_weight"], moments.grad_sqr, decay
