@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_adabatch import _keras_seams as seams
+from tf_adabatch import stats as S
 
 __all__ = ["StepRollback"]
 
@@ -58,43 +59,50 @@ class StepRollback:
         self._checked: list[Any] = []  # per-device copies whose finiteness counts
         self.add_local(local)
         self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
-        self._backups: list[Any] = []  # the distributed backup variables (kept alive)
-        self._mirrored_pairs: list[tuple[Any, Any]] = []  # (first copy, its backup)
-        with strategy.scope():
-            for i, v in enumerate(self.mirrored):
-                backup = tf.Variable(
-                    tf.zeros(v.shape, v.dtype),
-                    name=f"{name}_mirrored_{i}",
-                    trainable=False,
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                )
-                self._backups.append(backup)
-                self._mirrored_pairs.append((_first(strategy, v), _first(strategy, backup)))
+        # (first device's copy, its backup there)
+        self._mirrored_pairs = [
+            (_first(strategy, v), _first(strategy, self._backup(v, f"mirrored_{i}", on_read=True)))
+            for i, v in enumerate(self.mirrored)
+        ]
+
+    def _backup(self, variable: Any, suffix: str, *, on_read: bool) -> Any:
+        """A zero variable shaped like `variable`, made in the strategy's scope: with its
+        synchronization (one copy per device to pair with its copies), or `on_read`
+        (per-device copies that may differ; only the first is used)."""
+        if on_read:
+            sync = {
+                "synchronization": tf.VariableSynchronization.ON_READ,
+                "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            }
+        else:
+            sync = {
+                "synchronization": variable.synchronization,
+                "aggregation": variable.aggregation,
+            }
+        with self._strategy.scope():
+            return tf.Variable(
+                tf.zeros(variable.shape, variable.dtype),
+                name=f"{self._name}_{suffix}",
+                trainable=False,
+                **sync,
+            )
 
     def add_local(self, variables: list[Any], *, check_finite: bool = True) -> None:
         """Saves these too from now on (host code, before the step is traced)."""
-        with self._strategy.scope():
-            for tv in _unique(variables):
-                if any(tv is v for v in self.local):
-                    continue
-                backup = tf.Variable(
-                    tf.zeros(tv.shape, tv.dtype),
-                    name=f"{self._name}_{len(self.local)}",
-                    trainable=False,
-                    synchronization=tv.synchronization,
-                    aggregation=tv.aggregation,
-                )
-                sources = self._strategy.experimental_local_results(tv)
-                copies = self._strategy.experimental_local_results(backup)
-                if len(sources) != len(copies):
-                    # Not one copy per device (e.g. a metric variable made outside the
-                    # strategy's scope): no per-device pairing, so not guarded.
-                    continue
-                self.local.append(tv)
-                self._pairs.extend(zip(sources, copies, strict=True))
-                if check_finite:
-                    self._checked.extend(sources)
+        for tv in _unique(variables):
+            if any(tv is v for v in self.local):
+                continue
+            backup = self._backup(tv, str(len(self.local)), on_read=False)
+            sources = self._strategy.experimental_local_results(tv)
+            copies = self._strategy.experimental_local_results(backup)
+            if len(sources) != len(copies):
+                # Not one copy per device (e.g. a metric variable made outside the
+                # strategy's scope): no per-device pairing, so not guarded.
+                continue
+            self.local.append(tv)
+            self._pairs.extend(zip(sources, copies, strict=True))
+            if check_finite:
+                self._checked.extend(sources)
 
     def save(self) -> None:
         """Copies what the step may write (cross-replica context, at the step's start)."""
@@ -124,10 +132,9 @@ class StepRollback:
         for v in self._checked + self.mirrored:
             if not v.dtype.is_floating:
                 continue
-            dtype = tf.float32 if v.dtype in (tf.float16, tf.bfloat16) else v.dtype
             with tf.device(v.device):
-                total = tf.reduce_sum(tf.cast(v.read_value(), dtype))
-            groups.setdefault((v.device, dtype), []).append(total)
+                total = tf.reduce_sum(S.promote_to_float32(v.read_value()))
+            groups.setdefault((v.device, total.dtype), []).append(total)
         checks = []
         for (device, _), sums in groups.items():
             with tf.device(device):

@@ -31,6 +31,7 @@ __all__ = [
     "ema_update",
     "estimated_similarity",
     "noise_scale",
+    "promote_to_float32",
     "replica_similarity",
     "step_moments",
     "sum_of_squares",
@@ -59,6 +60,20 @@ def _f64(x: tf.Tensor | float | int) -> tf.Tensor:
     return tf.cast(tf.convert_to_tensor(x, dtype_hint=_F64), _F64)
 
 
+def promote_to_float32(x: tf.Tensor) -> tf.Tensor:
+    """`x` in float32 if it is a 16-bit float (whose sums overflow or lose precision).
+
+    Reductions over a whole tensor (squared norms, inner products, the roll-back's
+    finiteness sums) are taken in the tensor's dtype promoted to at least float32.
+
+    >>> promote_to_float32(tf.constant([1.0], tf.float16)).dtype.name
+    'float32'
+    >>> promote_to_float32(tf.constant([1.0], tf.float64)).dtype.name
+    'float64'
+    """
+    return tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
+
+
 def sum_of_squares(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """Returns sum_j |t_j|^2 over a list of tensors, as a float64 scalar.
 
@@ -73,11 +88,8 @@ def sum_of_squares(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """
     if not tensors:
         return tf.constant(0.0, _F64)
-    parts = []
-    for x in tensors:
-        if x.dtype in (tf.float16, tf.bfloat16):
-            x = tf.cast(x, tf.float32)
-        parts.append(_f64(tf.nn.l2_loss(x)))  # sum(x^2) / 2, one pass
+    # tf.nn.l2_loss: sum(x^2) / 2 in one pass.
+    parts = [_f64(tf.nn.l2_loss(promote_to_float32(x))) for x in tensors]
     return 2.0 * tf.add_n(parts)
 
 
@@ -95,8 +107,8 @@ def dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
         return tf.constant(0.0, _F64)
     parts = []
     for x, y in zip(a, b, strict=True):
-        dtype = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
-        parts.append(_f64(tf.reduce_sum(tf.cast(x, dtype) * tf.cast(y, dtype))))
+        x = promote_to_float32(x)
+        parts.append(_f64(tf.reduce_sum(x * tf.cast(y, x.dtype))))
     return tf.add_n(parts)
 
 
