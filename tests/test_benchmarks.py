@@ -5,6 +5,7 @@ The full benchmarks are not part of the suite; their results are in docs/benchma
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import itertools
 import json
@@ -19,16 +20,22 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
 
 
-def _load_efficiency_script():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_efficiency", ROOT / "launch" / "benchmark_efficiency.py"
-    )
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "launch" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-efficiency = _load_efficiency_script()
+efficiency = _load_script("benchmark_efficiency")
+
+
+def test_the_benchmark_scripts_docstring_examples_run() -> None:
+    # pytest collects doctests from tests/ and tf_adabatch/ only: run the scripts' here
+    # (launch/simulate_cluster.py's in tests/test_simulate_cluster.py).
+    for module in (efficiency, _load_script("ablate_step")):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted > 0, (module.__name__, result)
 
 
 def script(name: str, *flags: str) -> subprocess.CompletedProcess:
@@ -261,3 +268,32 @@ def test_similarity_modes_reports_the_seed_to_seed_spread_of_each_mode() -> None
         "- same mode, seed against seed (the criterion's noise floor): exact: steps 1.000, "
         "largest deviation 30.0% (2 seeds, 5 compared)"
     ]
+
+
+def test_ablation_benchmark_removes_what_it_names() -> None:
+    """launch/ablate_step.py reaches into the engine (`_last_fn`, `_gradients_fn`, the
+    roll-back's methods): each ablation must still remove its part. The op counts of the
+    traced steps prove it: `k1_branches` drops the last micro-step's two conds per replica
+    (2 replicas: 4 `If` ops fewer), `rollback` drops ops but no branch (the small model
+    has no per-device variables, so the engine has no roll-back branch)."""
+    result = script(
+        "ablate_step.py",
+        "--replicas=2",
+        "--models=small",
+        "--rounds=2",
+        "--steps=2",
+        "--warmup=1",
+        "--ablations=k1_branches,rollback",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in ("plain", "engine", "k1_branches", "rollback"):
+            rows[cells[0]] = (float(cells[2]), int(cells[5]), int(cells[6]))
+    assert set(rows) == {"plain", "engine", "k1_branches", "rollback"}, result.stdout
+    assert rows["plain"][0] == 1.0
+    (_, ops, branches), (_, k1_ops, k1_branches) = rows["engine"], rows["k1_branches"]
+    assert branches - k1_branches == 4 and k1_ops < ops
+    (_, rb_ops, rb_branches) = rows["rollback"]
+    assert rb_branches == branches and rb_ops < ops
