@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import re
+import weakref
 
 import keras
 import numpy as np
@@ -141,6 +143,30 @@ def test_a_static_policy_has_no_reference_lines(tmp_path) -> None:
         t for c in read_layout(str(tmp_path)).category for ch in c.chart for t in ch.multiline.tag
     }
     assert not {t for t in tags if "min_batch" in t or "max_batch" in t or "target" in t}
+
+
+def test_step_scalars_are_written_by_one_compiled_call_per_tag_set(tmp_path) -> None:
+    """`write_step` writes through one `tf.function` per writer and set of tags, traced
+    once, and the values read back are the float32 roundings of those given, as the
+    eager `tf.summary.scalar` writes them; the functions go with their writer."""
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    steps = [(step, {"loss": 1.0 / step, "gain": 1.0 + step / 3.0}) for step in (1, 2, 3)]
+    for step, logs in steps:
+        summaries.write_step(writer, step, logs)
+    summaries.write_step(writer, 4, {"gain": 9.0})  # another set of tags: another function
+    writer.flush()
+    compiled = summaries._WRITE_FUNCTIONS[writer]
+    assert sorted(compiled) == [("adabatch/gain",), ("adabatch/gain", "loss")]
+    assert [f.experimental_get_tracing_count() for f in compiled.values()] == [1, 1]
+    read = summaries.read_scalars(str(tmp_path))
+    f32 = lambda x: float(np.float32(x))  # noqa: E731
+    assert read["loss"] == [(step, f32(logs["loss"])) for step, logs in steps]
+    assert read["adabatch/gain"] == [(s, f32(lg["gain"])) for s, lg in steps] + [(4, 9.0)]
+    writer.close()
+    alive = weakref.ref(writer)
+    del writer, compiled
+    gc.collect()
+    assert alive() is None  # the compiled functions did not keep the writer
 
 
 def linear_trainer(base) -> tf_adabatch.Trainer:

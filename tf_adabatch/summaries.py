@@ -13,9 +13,11 @@ dashboard with one quantity per chart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = [
@@ -121,14 +123,56 @@ def write_step(
     >>> writer = tf.summary.create_file_writer(tempfile.mkdtemp())
     >>> write_step(writer, 1, {"loss": 0.5, "gain": 1.2})
     """
-    with writer.as_default(step=step):
-        for name in ADABATCH_SCALARS:
-            if name in logs:
-                tf.summary.scalar(f"adabatch/{name}", logs[name])
-        for name, value in policy_scalars(policy).items():
-            tf.summary.scalar(f"adabatch/{name}", value)
-        if "loss" in logs:
-            tf.summary.scalar(TRAIN_LOSS, logs["loss"])
+    tags, values = [], []
+    for name in ADABATCH_SCALARS:
+        if name in logs:
+            tags.append(f"adabatch/{name}")
+            values.append(float(logs[name]))
+    for name, value in policy_scalars(policy).items():
+        tags.append(f"adabatch/{name}")
+        values.append(value)
+    if "loss" in logs:
+        tags.append(TRAIN_LOSS)
+        values.append(float(logs["loss"]))
+    _scalar_writer(writer, tuple(tags))(
+        np.int64(step), np.asarray(values, np.float64).reshape(len(tags))
+    )
+
+
+# writer -> {tags: compiled write}; weak, so that a closed writer's functions go with it.
+_WRITE_FUNCTIONS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _scalar_writer(writer: tf.summary.SummaryWriter, tags: tuple[str, ...]) -> Callable[..., Any]:
+    """One compiled function that writes these tags' scalars at a step.
+
+    A `tf.summary.scalar` per tag in eager mode cost 2.5-4.5 ms a step for the 15-18
+    scalars of a step (measured on this project's CPU machine), a tenth of a
+    Fashion-MNIST CNN step; one call of a `tf.function` writing them all costs a
+    fraction of that. The values written are the same: `tf.summary.scalar` casts
+    each to float32 either way.
+    """
+    functions = _WRITE_FUNCTIONS.setdefault(writer, {})
+    if tags not in functions:
+        # Weakly: the function (a value of the weak dictionary) must not keep its key alive.
+        writer_ref = weakref.ref(writer)
+
+        def write(step: tf.Tensor, values: tf.Tensor) -> None:
+            with writer_ref().as_default(step=step):  # type: ignore[union-attr]
+                for i, tag in enumerate(tags):
+                    tf.summary.scalar(tag, values[i])
+
+        functions[tags] = tf.function(
+            write,
+            input_signature=[
+                tf.TensorSpec([], tf.int64),
+                tf.TensorSpec([len(tags)], tf.float64),
+            ],
+            autograph=False,
+        )
+    return functions[tags]
 
 
 def write_eval(writer: tf.summary.SummaryWriter, step: int, results: Mapping[str, float]) -> None:
