@@ -117,7 +117,7 @@ _MEASURE_WORKER = flags.DEFINE_integer(
     "measure_worker", None, "Internal: time one replica count in this process, print JSON."
 )
 _MEASURE_KS = flags.DEFINE_list("measure_ks", ["1", "2", "4", "8"], "Micro-steps k to time.")
-_MEASURE_STEPS = flags.DEFINE_integer("measure_steps", 8, "Timed steps per k (after 2 warm-up).")
+_MEASURE_STEPS = flags.DEFINE_integer("measure_steps", 30, "Timed steps per k (after 2 warm-up).")
 _MICRO_BATCH = 32  # the Fashion-MNIST configs' micro-batch per replica
 
 
