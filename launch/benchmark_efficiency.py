@@ -336,6 +336,26 @@ def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
     both_empty = [False] + [math.isnan(x) and math.isnan(y) for x, y in zip(a, b, strict=True)]
     compared = [r for r, skip in zip(ratios, both_empty, strict=True) if not skip]
     ok = all(abs(r - 1.0) <= 0.10 for r in compared)
+    # With seeds to spare, how sure each ratio is: a bootstrap over the seeds.
+    columns = [
+        (
+            [r["metrics"]["optimizer_steps"] for r in exact],
+            [r["metrics"]["optimizer_steps"] for r in estimated],
+        )
+    ] + [
+        (list(x), list(y))
+        for x, y in zip(
+            zip(*map(batch_by_tenth, exact), strict=True),
+            zip(*map(batch_by_tenth, estimated), strict=True),
+            strict=True,
+        )
+    ]
+    intervals = [ratio_interval(x, y) for x, y in columns]
+    sure = [
+        (lo, hi)
+        for (lo, hi), skip in zip(intervals, both_empty, strict=True)
+        if not skip and not math.isnan(lo)
+    ]
     floor = [
         f"- same mode, seed against seed (the criterion's noise floor): {line}"
         for mode, mine in (("exact", exact), ("estimated", estimated))
@@ -351,11 +371,59 @@ def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
         f"| exact | {steps[0]:.0f} | " + " | ".join(f"{v:.0f}" for v in a) + " |",
         f"| estimated | {steps[1]:.0f} | " + " | ".join(f"{v:.0f}" for v in b) + " |",
         "| estimated / exact | " + " | ".join(f"{r:.3f}" for r in ratios) + " |",
+        *(
+            [
+                "| 95% interval (bootstrap over seeds) | "
+                + " | ".join(
+                    "-" if math.isnan(lo) else f"{lo:.2f}-{hi:.2f}" for lo, hi in intervals
+                )
+                + " |"
+            ]
+            if sure
+            else []
+        ),
         "",
         f"- {'MET' if ok else 'NOT MET'}: every ratio within 10% ({len(compared)} compared, "
         f"largest deviation {max(abs(r - 1.0) for r in compared):.1%})",
+        *(
+            [
+                f"- by the intervals: {sum(lo >= 0.9 and hi <= 1.1 for lo, hi in sure)} of "
+                f"{len(sure)} ratios surely within 10% (the interval inside 0.90-1.10), "
+                f"{sum(hi < 0.9 or lo > 1.1 for lo, hi in sure)} surely outside, the rest "
+                "undecided at this number of seeds"
+            ]
+            if sure
+            else []
+        ),
         *floor,
     ]
+
+
+def ratio_interval(
+    exact: list[float], estimated: list[float], *, resamples: int = 4000
+) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of mean(estimated) / mean(exact) when each mode's
+    seeds are resampled with replacement (fixed RNG seed: the same runs give the same
+    interval); NaN values (a tenth without steps) are left out; (nan, nan) with fewer
+    than two values in either mode.
+
+    >>> ratio_interval([100.0, 100.0], [110.0, 110.0])
+    (1.1, 1.1)
+    >>> ratio_interval([100.0], [110.0, 120.0])
+    (nan, nan)
+    """
+    import numpy as np
+
+    a = np.array([v for v in exact if not math.isnan(v)], dtype=float)
+    b = np.array([v for v in estimated if not math.isnan(v)], dtype=float)
+    if len(a) < 2 or len(b) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(0)
+    ratios = rng.choice(b, size=(resamples, len(b))).mean(axis=1) / rng.choice(
+        a, size=(resamples, len(a))
+    ).mean(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return round(float(low), 6), round(float(high), 6)
 
 
 def _seed_spread(mode: str, runs: list[dict[str, Any]]) -> str:

@@ -270,6 +270,44 @@ def test_similarity_modes_reports_the_seed_to_seed_spread_of_each_mode() -> None
     ]
 
 
+def test_similarity_modes_says_which_ratios_the_seeds_decide() -> None:
+    """With several seeds per mode, a bootstrap interval of each ratio: a tenth whose
+    seeds agree is decided (inside or outside 0.9-1.1), a tenth whose seeds scatter is
+    not."""
+
+    def run(variant: str, first: float, second: float, steps: int) -> dict:
+        # Budget 10 base steps; one step in tenth 0 (batch `first`), one in tenth 5.
+        return {
+            "variant": variant,
+            "curves": {"batch_size": [(1, first), (2, second)], "progress": [(1, 5.0), (2, 10.0)]},
+            "metrics": {"base_steps": 10, "optimizer_steps": steps},
+        }
+
+    # Tenth 1: both modes 100 +- 1 (ratio ~1.00, decided inside); tenth 6: exact 100 +- 1,
+    # estimated 150 +- 1 (ratio ~1.5, decided outside); steps: exact 100 +- 1, estimated
+    # 60 or 140 (ratio 1.0 on average, the interval wide: undecided).
+    runs = [run("simigrad_adascale", 100.0 + d, 100.0 - d, 100 + round(d)) for d in (-1, 0, 1)]
+    runs += [
+        run("simigrad_estimated", 100.0 + d, 150.0 + d, steps)
+        for d, steps in ((-1, 60), (0, 140), (1, 100))
+    ]
+    lines = efficiency.similarity_modes(runs)
+    row = next(line for line in lines if line.startswith("| 95% interval"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    low, high = (float(v) for v in cells[1].split("-"))  # tenth 1
+    assert 0.97 < low <= 1.0 <= high < 1.03
+    low, high = (float(v) for v in cells[6].split("-"))  # tenth 6
+    assert low > 1.45 and high < 1.55
+    low, high = (float(v) for v in cells[0].split("-"))  # steps
+    assert low < 0.9 and high > 1.1
+    assert cells[2] == "-"  # tenth 3: no steps in either mode
+    verdict = next(line for line in lines if line.startswith("- by the intervals"))
+    assert verdict.startswith(
+        "- by the intervals: 1 of 3 ratios surely within 10% (the interval inside 0.90-1.10), "
+        "1 surely outside"
+    ), verdict
+
+
 def test_ablation_benchmark_removes_what_it_names() -> None:
     """launch/ablate_step.py reaches into the engine (`_last_fn`, `_gradients_fn`, the
     roll-back's methods): each ablation must still remove its part. The op counts of the
