@@ -154,6 +154,8 @@ def test_step_scalars_are_written_by_one_compiled_call_per_tag_set(tmp_path) -> 
     for step, logs in steps:
         summaries.write_step(writer, step, logs)
     summaries.write_step(writer, 4, {"gain": 9.0})  # another set of tags: another function
+    with tf.summary.record_if(False):  # the caller's recording condition holds
+        summaries.write_step(writer, 5, {"gain": 7.0})
     writer.flush()
     compiled = summaries._WRITE_FUNCTIONS[writer]
     assert sorted(compiled) == [("adabatch/gain",), ("adabatch/gain", "loss")]

@@ -134,8 +134,10 @@ def write_step(
     if "loss" in logs:
         tags.append(TRAIN_LOSS)
         values.append(float(logs["loss"]))
+    with writer.as_default():  # (without a default writer nothing is recorded)
+        record = tf.summary.should_record_summaries()  # the caller's `tf.summary.record_if`
     _scalar_writer(writer, tuple(tags))(
-        np.int64(step), np.asarray(values, np.float64).reshape(len(tags))
+        np.int64(step), np.asarray(values, np.float64).reshape(len(tags)), record
     )
 
 
@@ -152,15 +154,15 @@ def _scalar_writer(writer: tf.summary.SummaryWriter, tags: tuple[str, ...]) -> C
     scalars of a step (measured on this project's CPU machine), a tenth of a
     Fashion-MNIST CNN step; one call of a `tf.function` writing them all costs a
     fraction of that. The values written are the same: `tf.summary.scalar` casts
-    each to float32 either way.
+    each to float32 either way; the recording condition is the caller's at each call.
     """
     functions = _WRITE_FUNCTIONS.setdefault(writer, {})
     if tags not in functions:
         # Weakly: the function (a value of the weak dictionary) must not keep its key alive.
         writer_ref = weakref.ref(writer)
 
-        def write(step: tf.Tensor, values: tf.Tensor) -> None:
-            with writer_ref().as_default(step=step):  # type: ignore[union-attr]
+        def write(step: tf.Tensor, values: tf.Tensor, record: tf.Tensor) -> None:
+            with writer_ref().as_default(step=step), tf.summary.record_if(record):  # type: ignore[union-attr]
                 for i, tag in enumerate(tags):
                     tf.summary.scalar(tag, values[i])
 
@@ -169,6 +171,7 @@ def _scalar_writer(writer: tf.summary.SummaryWriter, tags: tuple[str, ...]) -> C
             input_signature=[
                 tf.TensorSpec([], tf.int64),
                 tf.TensorSpec([len(tags)], tf.float64),
+                tf.TensorSpec([], tf.bool),
             ],
             autograph=False,
         )
