@@ -323,33 +323,24 @@ def similarity_modes(runs: list[dict[str, Any]]) -> list[str]:
     if not exact or not estimated:
         return []
 
-    def mean_tenths(mine: list[dict[str, Any]]) -> list[float]:
-        return [statistics.fmean(col) for col in zip(*map(batch_by_tenth, mine), strict=True)]
+    def per_seed(mine: list[dict[str, Any]]) -> list[list[float]]:
+        """Column 0: each seed's optimizer steps; columns 1-10: each seed's average batch
+        in that tenth (computed once, for the means and for the intervals)."""
+        tenths = [batch_by_tenth(r) for r in mine]
+        steps = [float(r["metrics"]["optimizer_steps"]) for r in mine]
+        return [steps, *(list(col) for col in zip(*tenths, strict=True))]
 
-    steps = [
-        statistics.fmean(r["metrics"]["optimizer_steps"] for r in m) for m in (exact, estimated)
-    ]
-    a, b = mean_tenths(exact), mean_tenths(estimated)
-    ratios = [steps[1] / steps[0]] + [y / x for x, y in zip(a, b, strict=True)]
+    columns = list(zip(per_seed(exact), per_seed(estimated), strict=True))
+    means = [(statistics.fmean(x), statistics.fmean(y)) for x, y in columns]
+    steps = list(means[0])
+    a, b = [x for x, _ in means[1:]], [y for _, y in means[1:]]
+    ratios = [y / x for x, y in means]
     # A tenth without steps in both modes (a huge batch) compares nothing; in one only,
     # its ratio is NaN and fails.
     both_empty = [False] + [math.isnan(x) and math.isnan(y) for x, y in zip(a, b, strict=True)]
     compared = [r for r, skip in zip(ratios, both_empty, strict=True) if not skip]
     ok = all(abs(r - 1.0) <= 0.10 for r in compared)
     # With seeds to spare, how sure each ratio is: a bootstrap over the seeds.
-    columns = [
-        (
-            [r["metrics"]["optimizer_steps"] for r in exact],
-            [r["metrics"]["optimizer_steps"] for r in estimated],
-        )
-    ] + [
-        (list(x), list(y))
-        for x, y in zip(
-            zip(*map(batch_by_tenth, exact), strict=True),
-            zip(*map(batch_by_tenth, estimated), strict=True),
-            strict=True,
-        )
-    ]
     intervals = [ratio_interval(x, y) for x, y in columns]
     sure = [
         (lo, hi)
