@@ -37,19 +37,23 @@ def test_the_benchmark_scripts_docstring_examples_run() -> None:
     result = doctest.testmod(efficiency, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0, result
     # launch/ablate_step.py imports launch/benchmark_overhead.py, whose absl flags clash
-    # with other launch scripts' (--timeout) that tests in this process may have loaded:
-    # its examples run in a process of their own.
-    done = subprocess.run(
-        [sys.executable, "-m", "doctest", "-v", "launch/ablate_step.py"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 0 and re.search(r"\b[1-9]\d* passed and 0 failed", done.stdout), (
-        done.stdout[-2000:] + done.stderr[-2000:]
-    )
+    # with other launch scripts' (--timeout) that tests in this process may have loaded,
+    # and launch/similarity_paired.py defines --config as benchmark_efficiency does: their
+    # examples run in processes of their own.
+    ran = 0
+    for name in ("ablate_step.py", "similarity_paired.py"):
+        done = subprocess.run(
+            [sys.executable, "-m", "doctest", "-v", f"launch/{name}"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            cwd=ROOT,
+            check=False,
+        )
+        passed = re.search(r"\b([1-9]\d*) passed and 0 failed", done.stdout)
+        assert done.returncode == 0 and passed, done.stdout[-2000:] + done.stderr[-2000:]
+        ran += int(passed.group(1))
+    assert ran >= 4, ran  # similarity_paired alone has 3 examples
 
 
 def script(name: str, *flags: str) -> subprocess.CompletedProcess:
@@ -349,3 +353,40 @@ def test_ablation_benchmark_removes_what_it_names() -> None:
     assert branches - k1_branches == 4 and k1_ops < ops
     (_, rb_ops, rb_branches) = rows["rollback"]
     assert rb_branches == branches and rb_ops < ops
+
+
+def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> None:
+    """launch/similarity_paired.py on 2 replicas: estimated mode's reading is then exact
+    mode's cosine of its two groups (one replica each; docs/algorithms.md), so the paired
+    readings must agree draw for draw, and the controller settles at the same batch on
+    both. Proves the script feeds both formulas the same gradients, groups them as the
+    engine does, and that its snapshot run trained. (The target 0.25 puts the digits
+    model's readings at step 3 on both sides of it, so a settling point exists.)"""
+    outdir = tmp_path / "paired"
+    result = script(
+        "similarity_paired.py",
+        f"--outdir={outdir}",
+        f"--config={ROOT / 'configs' / 'digits.py'}",
+        "--config.policy.target_similarity=0.25",
+        "--snapshot_steps=3",
+        "--ks=1,2,3,4",
+        "--draws=6",
+        "--bootstrap=20",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((outdir / "results.json").read_text())
+    rows = results["rows"]
+    assert [(r["step"], r["k"], r["batch"]) for r in rows] == [(3, k, 16 * k) for k in (1, 2, 3, 4)]
+    checked = 0
+    for r in rows:
+        assert len(r["exact"]) == len(r["estimated"]) == 6
+        np.testing.assert_allclose(r["estimated"], r["exact"], rtol=1e-9, atol=1e-12)
+        assert all(-1.0 <= c <= 1.0 for c in r["exact"])
+        checked += len(r["exact"])
+    assert checked == 24
+    assert len(set(rows[0]["exact"])) == 6  # six different draws, not one repeated
+    (settled,) = results["settled"]
+    assert settled["step"] == 3 and 16 <= settled["exact"] <= 64
+    assert settled["ratio"] == 1.0 and settled["interval"] == [1.0, 1.0]
+    assert (outdir / "snapshots" / "step3" / "checkpoint").exists()
+    assert "| 3 | 4 | 64 | 6 |" in (outdir / "results.md").read_text()

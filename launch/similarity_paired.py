@@ -1,0 +1,420 @@
+r"""Exact against estimated similarity on the same gradients: a paired measurement.
+
+    python launch/similarity_paired.py --outdir=workdir/similarity_paired \
+        --snapshot_steps=5,60,150,300 --ks=1,2,4 --draws=200
+
+Two training runs, one per similarity mode, differ in their batch sizes for two reasons:
+the modes read the same gradients differently, and the runs then go on to different
+weights and data (seed noise: on Fashion-MNIST two seeds of one mode differ by up to 40%
+in a tenth of the run's average batch). This measures the first reason alone.
+
+An exact-mode run of --config is taken to each of --snapshot_steps (launch/train.py with
+`train.max_steps`, resuming its own checkpoints; the run is reused if it is there). At
+each snapshot, --draws times, N replicas x k micro-batches drawn from the training data
+give the micro-gradients, summed per replica and per group as the engine does (group A:
+micro-gradient i of replica r with i*N + r even), and both modes' readings come from the
+SAME gradients through the library's own formulas: exact mode's cosine of the two groups
+(`stats.cosine_similarity`) and estimated mode's reading from the replicas' norms
+(`stats.replica_similarity`, N >= 2).
+
+Reported per snapshot and batch B = N k m: the two modes' mean and median readings, the
+paired mean difference, and the share of readings below the target (what the SimiGrad
+controller acts on: a reading below the target grows the batch, else it shrinks, so the
+batch settles where that share is about one half), with 95% bootstrap intervals over the
+draws (paired: one resample of the draws for both modes). With N = 2 the two readings are
+equal draw for draw (a check of the measurement). Gradients are float32 (the engine's);
+the products are float64. Runs on one device (no strategy): the replicas are simulated by
+the micro-batches' layout, so the snapshot run's replica count is the config's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FLAGS = flags.FLAGS
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(ROOT / "configs" / "fashion_mnist.py"), "Config of the exact-mode run."
+)
+flags.DEFINE_string("outdir", "workdir/similarity_paired", "Run, snapshots and results.")
+flags.DEFINE_list("snapshot_steps", ["5", "60", "150", "300"], "Optimizer steps to measure at.")
+flags.DEFINE_list("ks", ["1", "2", "4"], "Micro-steps per replica (batch N k m) to measure.")
+flags.DEFINE_integer("draws", 200, "Independent batches per snapshot and k.")
+flags.DEFINE_integer("bootstrap", 2000, "Bootstrap resamples for the intervals.")
+flags.DEFINE_integer("seed", 0, "Seed of the draws and the bootstrap.")
+flags.DEFINE_integer("timeout_per_stage", 1800, "Seconds before a training stage is failed.")
+
+
+def group_a_mask(num_replicas: int, k: int) -> np.ndarray:
+    """[k, N] booleans: micro-gradient i of replica r is in exact mode's group A.
+
+    The engine's rule (`measure.ExactGroups`): (i * N + r) even.
+
+    >>> group_a_mask(2, 2).astype(int).tolist()
+    [[1, 0], [1, 0]]
+    >>> group_a_mask(3, 2).astype(int).tolist()
+    [[1, 0, 1], [0, 1, 0]]
+    """
+    i, r = np.meshgrid(np.arange(k), np.arange(num_replicas), indexing="ij")
+    return (i * num_replicas + r) % 2 == 0
+
+
+def interval(values: np.ndarray, stat, resamples: np.ndarray) -> tuple[float, float, float]:
+    """stat over the draws, and its 95% bootstrap interval (rows of `resamples` index draws).
+
+    >>> v = np.arange(10.0)
+    >>> interval(v, np.mean, np.random.default_rng(0).integers(0, 10, (500, 10)))[0]
+    4.5
+    """
+    boot = np.array([stat(values[idx]) for idx in resamples])
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return float(stat(values)), float(low), float(high)
+
+
+def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -> Path:
+    """The run's checkpoint at `step` (trains, resuming, if it is not kept yet)."""
+    kept = workdir / "snapshots" / f"step{step}"
+    if (kept / "checkpoint").exists():
+        return kept
+    command = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        f"--config={config_path}",
+        f"--workdir={workdir / 'run'}",
+        f"--config.train.max_steps={step}",
+        *overrides,
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=FLAGS.timeout_per_stage, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    source = workdir / "run" / "checkpoints"
+    files = sorted(source.glob(f"ckpt-{step}.*"))
+    if not files:
+        raise RuntimeError(f"No checkpoint ckpt-{step} in {source} after training to it.")
+    tmp = kept.with_name(kept.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in files:
+        shutil.copy2(f, tmp / f.name)
+    (tmp / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    tmp.rename(kept)
+    return kept
+
+
+def load_weights(model, snapshot: Path) -> None:
+    """The trained weights of the run's checkpoint into `model`.
+
+    The trainer's checkpoint holds the model's variables through the Keras optimizer
+    (`optimizer/_trainable_variables/<i>`, in the model's order): a Keras detail, so
+    the names, the count and every shape are checked.
+    """
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(snapshot))
+    shapes = reader.get_variable_to_shape_map()
+    key = "optimizer/_trainable_variables/{}/.ATTRIBUTES/VARIABLE_VALUE"
+    stored = sum(1 for name in shapes if name.startswith("optimizer/_trainable_variables/"))
+    if stored != len(model.trainable_variables):
+        raise RuntimeError(
+            f"{snapshot}: {stored} stored model variables, the model has "
+            f"{len(model.trainable_variables)} (has the checkpoint layout changed?)"
+        )
+    for i, variable in enumerate(model.trainable_variables):
+        value = reader.get_tensor(key.format(i))
+        if tuple(value.shape) != tuple(variable.shape):
+            raise RuntimeError(f"{snapshot}: variable {i} is {value.shape}, model {variable.shape}")
+        variable.assign(value)
+
+
+def readings(model, x, y, num_replicas, k, micro, draws, rng):
+    """Per draw: (exact, estimated) similarity of one batch of N k m examples."""
+    import keras
+    import tensorflow as tf
+
+    from tf_adabatch import stats
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(reduce_retracing=True)
+    def micro_gradients(xb, yb):
+        def one(args):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(args[1], model(args[0], training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+        return tf.map_fn(one, (xb, yb), fn_output_signature=tf.float32)
+
+    in_a = group_a_mask(num_replicas, k)
+    exact, estimated = [], []
+    for _ in range(draws):
+        idx = rng.choice(len(x), num_replicas * k * micro, replace=False)
+        grads = micro_gradients(
+            x[idx].reshape(num_replicas * k, micro, *x.shape[1:]),
+            y[idx].reshape(num_replicas * k, micro),
+        )
+        g = grads.numpy().astype(np.float64).reshape(k, num_replicas, -1)
+        h = g.sum(0)  # the replicas' sums
+        a, b = g[in_a].sum(0), g[~in_a].sum(0)
+        norms_sq = np.einsum("rp,rp->r", h, h)
+        total = h.sum(0)
+        exact.append(float(stats.cosine_similarity(a @ b, a @ a, b @ b)))
+        estimated.append(
+            float(
+                stats.replica_similarity(
+                    total @ total, norms_sq.sum(), np.sqrt(norms_sq).sum(), num_replicas
+                )
+            )
+        )
+    return np.array(exact), np.array(estimated)
+
+
+def paired_row(
+    exact: np.ndarray, estimated: np.ndarray, target: float, resamples: np.ndarray
+) -> dict:
+    """The two modes' readings of the same draws, compared (`resamples`: the bootstrap).
+
+    >>> row = paired_row(np.array([0.25, 0.75]), np.array([0.5, 0.75]), 0.5,
+    ...                  np.array([[0, 1], [1, 1]]))
+    >>> row["exact_below"], row["estimated_below"]
+    (0.5, 0.0)
+    >>> row["mean_difference"][0], row["below_difference"][0]
+    (0.125, -0.5)
+    """
+
+    def below(v: np.ndarray) -> float:
+        return float(np.mean(v < target))
+
+    both = np.stack([exact, estimated], 1)
+    return {
+        "draws": len(exact),
+        "exact_mean": float(exact.mean()),
+        "estimated_mean": float(estimated.mean()),
+        "exact_median": float(np.median(exact)),
+        "estimated_median": float(np.median(estimated)),
+        "exact_below": below(exact),
+        "estimated_below": below(estimated),
+        "mean_difference": interval(both, lambda v: np.mean(v[:, 1] - v[:, 0]), resamples),
+        "below_difference": interval(both, lambda v: below(v[:, 1]) - below(v[:, 0]), resamples),
+        "exact": exact.tolist(),
+        "estimated": estimated.tolist(),
+    }
+
+
+def settled_batch(moves: dict[int, tuple[int, int]], grow: dict[int, float]) -> tuple[float, float]:
+    """Where the SimiGrad controller settles if the weights stood still: the mean batch.
+
+    `moves[B] = (smaller, larger)`: the policy's batch after a reading above and below
+    the target; `grow[B]`: the share of readings below the target at B. With moves to
+    neighbours only (one micro-step unit each way, as SimiGrad's 10% steps are up to ten
+    units), the batch is a birth-death chain whose stationary distribution is
+    pi(B_{j+1}) / pi(B_j) = grow_j / (1 - grow_{j+1}); the largest batch measured keeps a
+    reading below the target where it is (truncation). Returns the mean batch and the
+    stationary mass at that largest batch (large: measure larger batches).
+
+    >>> moves = {128: (128, 256), 256: (128, 384), 384: (256, 384)}
+    >>> mean, top = settled_batch(moves, {128: 0.5, 256: 0.5, 384: 0.5})  # pi 1:1:1
+    >>> mean, round(top, 3)
+    (256.0, 0.333)
+    >>> mean, top = settled_batch(moves, {128: 0.5, 256: 0.5, 384: 0.0})  # pi 2:2:1
+    >>> round(mean, 6), top
+    (230.4, 0.2)
+    """
+    sizes = sorted(grow)
+    if sorted(moves) != sizes:
+        raise ValueError(f"moves and grow must cover the same batches: {sorted(moves)}, {sizes}")
+    for j, size in enumerate(sizes):
+        smaller, larger = moves[size]
+        # Down to the neighbour (at the smallest batch: staying, the policy's minimum);
+        # up to the neighbour (at the largest measured: anywhere, truncated).
+        want_smaller = sizes[j - 1] if j > 0 else size
+        if smaller != want_smaller or (j + 1 < len(sizes) and larger != sizes[j + 1]):
+            raise ValueError(
+                f"the policy moves batch {size} to {moves[size]}, not to measured neighbours"
+            )
+    weights = [1.0]
+    for j in range(1, len(sizes)):
+        leave_down = 1.0 - grow[sizes[j]]
+        if leave_down <= 0.0:
+            raise ValueError(f"Every reading at batch {sizes[j]} grows it: measure larger batches")
+        weights.append(weights[-1] * grow[sizes[j - 1]] / leave_down)
+    pi = np.array(weights) / sum(weights)
+    return float(pi @ np.array(sizes, float)), float(pi[-1])
+
+
+def policy_moves(config, unit: int, rows: list[dict]) -> dict[int, tuple[int, int]]:
+    """The config's policy's moves (after a reading above, below the target) per batch."""
+    from tf_adabatch.app import factories
+    from tf_adabatch.policies import StepStats
+
+    policy = factories.make_policy(config)
+    policy.build(batch_unit=unit)
+    moves = {}
+    for size in sorted({r["batch"] for r in rows}):
+        above = int(policy.next_batch_size(size, StepStats.make(similarity=1.0)))
+        below = int(policy.next_batch_size(size, StepStats.make(similarity=0.0)))
+        moves[size] = (above, below)
+    return moves
+
+
+def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float) -> dict:
+    """Per snapshot: where the controller settles on each mode's readings (`settled_batch`),
+    the ratio, and its 95% bootstrap interval (the draws resampled per batch, paired)."""
+    rng = np.random.default_rng(FLAGS.seed + 1)
+    snapshots, lines = [], []
+    for step in sorted({r["step"] for r in rows}):
+        mine = {r["batch"]: r for r in rows if r["step"] == step}
+        try:
+            share = {
+                b: {m: np.asarray(r[m]) < target for m in ("exact", "estimated")}
+                for b, r in mine.items()
+            }
+            result = {
+                m: settled_batch(
+                    {b: moves[b] for b in mine}, {b: float(v[m].mean()) for b, v in share.items()}
+                )
+                for m in ("exact", "estimated")
+            }
+        except ValueError as err:
+            lines.append(f"- step {step}: no settling point ({err})")
+            continue
+        ratios = []
+        for _ in range(FLAGS.bootstrap):
+            picked = {
+                b: rng.integers(0, len(v["exact"]), len(v["exact"])) for b, v in share.items()
+            }
+            try:
+                means = [
+                    settled_batch(
+                        {b: moves[b] for b in mine},
+                        {b: float(v[m][picked[b]].mean()) for b, v in share.items()},
+                    )[0]
+                    for m in ("exact", "estimated")
+                ]
+            except ValueError:
+                continue  # a resample where every reading at some batch grows it
+            ratios.append(means[1] / means[0])
+        low, high = np.quantile(ratios, [0.025, 0.975]) if ratios else (np.nan, np.nan)
+        (exact, exact_top), (estimated, estimated_top) = result["exact"], result["estimated"]
+        snapshots.append(
+            {
+                "step": step,
+                "exact": exact,
+                "estimated": estimated,
+                "ratio": estimated / exact,
+                "interval": [float(low), float(high)],
+                "top_mass": [exact_top, estimated_top],
+            }
+        )
+        lines.append(
+            f"- step {step}: the controller settles at a mean batch of {exact:.0f} on exact "
+            f"readings, {estimated:.0f} on estimated ones: {estimated / exact:.3f} "
+            f"({low:.3f} to {high:.3f}; mass at the largest batch measured "
+            f"{exact_top:.2f}, {estimated_top:.2f})"
+        )
+    header = (
+        "\nWhere the SimiGrad controller would settle at each snapshot (weights held still; "
+        "`settled_batch`: needs every batch from the smallest up, one unit apart):\n\n"
+    )
+    return {"snapshots": snapshots, "report": header + "\n".join(lines) + "\n"}
+
+
+def summarise(rows: list[dict], target: float) -> str:
+    """The markdown report of the rows' statistics."""
+    fmt = lambda s: f"{s[0]:+.4f} ({s[1]:+.4f} to {s[2]:+.4f})"  # noqa: E731
+    lines = [
+        f"Target similarity {target}; 95% bootstrap intervals over the draws in brackets.",
+        "",
+        "| step | k | batch | draws | exact mean | estimated mean | estimated - exact (mean) "
+        "| exact median | estimated median | share < target: exact | estimated "
+        "| estimated - exact (share) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['step']} | {r['k']} | {r['batch']} | {r['draws']} | {r['exact_mean']:.4f} "
+            f"| {r['estimated_mean']:.4f} | {fmt(r['mean_difference'])} "
+            f"| {r['exact_median']:.4f} | {r['estimated_median']:.4f} "
+            f"| {r['exact_below']:.3f} | {r['estimated_below']:.3f} "
+            f"| {fmt(r['below_difference'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from tf_adabatch.app.data import pipeline
+    from tf_adabatch.app.models import build_model
+
+    config = _CONFIG.value
+    config_path = config_flags.get_config_filename(FLAGS["config"])
+    if config.similarity != "exact":
+        raise app.UsageError("The snapshot run is exact mode: leave config.similarity exact.")
+    num_replicas, micro = int(config.num_cpu_replicas), int(config.micro_batch_size)
+    if num_replicas < 2:
+        raise app.UsageError(
+            f"Estimated mode pairs replicas: config.num_cpu_replicas must be >= 2. "
+            f"Received: {num_replicas}"
+        )
+    steps = sorted({int(s) for s in FLAGS.snapshot_steps})
+    ks = [int(k) for k in FLAGS.ks]
+    if not steps or steps[0] < 1 or not ks or min(ks) < 1 or FLAGS.draws < 2:
+        raise app.UsageError(
+            "--snapshot_steps and --ks must be positive integers and --draws >= 2. "
+            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.draws}"
+        )
+    outdir = Path(FLAGS.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    # The config's overrides on this command line go to the snapshot run as well.
+    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+
+    (x, y), _, num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
+    model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
+    rng = np.random.default_rng(FLAGS.seed)
+    target = float(config.policy.target_similarity)
+    rows, started = [], time.time()
+    for step in steps:
+        snapshot = train_to(config_path, overrides, outdir, step)
+        load_weights(model, snapshot)
+        for k in ks:
+            exact, estimated = readings(model, x, y, num_replicas, k, micro, FLAGS.draws, rng)
+            resamples = rng.integers(0, len(exact), (FLAGS.bootstrap, len(exact)))
+            rows.append(paired_row(exact, estimated, target, resamples))
+            rows[-1].update(step=step, k=k, batch=num_replicas * k * micro)
+            r = rows[-1]
+            print(
+                f"step {step} k {k} (batch {r['batch']}): exact {r['exact_mean']:.4f}, "
+                f"estimated {r['estimated_mean']:.4f}; below {target}: "
+                f"{r['exact_below']:.3f} vs {r['estimated_below']:.3f} "
+                f"({time.time() - started:.0f} s)",
+                flush=True,
+            )
+    settled = settling(rows, policy_moves(config, num_replicas * micro, rows), target)
+    report = summarise(rows, target) + settled["report"]
+    (outdir / "results.md").write_text(report)
+    (outdir / "results.json").write_text(
+        json.dumps({"target": target, "rows": rows, "settled": settled["snapshots"]})
+    )
+    print(report)
+    print(f"Written: {outdir / 'results.md'}, {outdir / 'results.json'}")
+
+
+if __name__ == "__main__":
+    app.run(main)
