@@ -1,7 +1,7 @@
 r"""Exact against estimated similarity on the same gradients: a paired measurement.
 
     python launch/similarity_paired.py --outdir=workdir/similarity_paired \
-        --snapshot_steps=5,60,150,300 --ks=1,2,4 --draws=200
+        --snapshot_steps=5,60,150,300 --ks=1,2,3,4,5,6 --draws=150 --iterates=5
 
 Two training runs, one per similarity mode, differ in their batch sizes for two reasons:
 the modes read the same gradients differently, and the runs then go on to different
@@ -9,9 +9,12 @@ weights and data (seed noise: on Fashion-MNIST two seeds of one mode differ by u
 in a tenth of the run's average batch). This measures the first reason alone.
 
 An exact-mode run of --config is taken to each of --snapshot_steps (launch/train.py with
-`train.max_steps`, resuming its own checkpoints; the run is reused if it is there). At
-each snapshot, --draws times, N replicas x k micro-batches drawn from the training data
-give the micro-gradients, summed per replica and per group as the engine does (group A:
+`train.max_steps`, resuming its own checkpoints; the run and its kept snapshots are reused
+if they are there). The readings vary from one iterate of training to the next, so
+--iterates=n pools the checkpoints of steps S-n+1, ..., S for each snapshot step S (the
+draws split evenly among them). At each, N replicas x k micro-batches drawn from the
+training data give the micro-gradients, summed per replica and per group as the engine
+does (group A:
 micro-gradient i of replica r with i*N + r even), and both modes' readings come from the
 SAME gradients through the library's own formulas: exact mode's cosine of the two groups
 (`stats.cosine_similarity`) and estimated mode's reading from the replicas' norms
@@ -54,6 +57,9 @@ flags.DEFINE_string("outdir", "workdir/similarity_paired", "Run, snapshots and r
 flags.DEFINE_list("snapshot_steps", ["5", "60", "150", "300"], "Optimizer steps to measure at.")
 flags.DEFINE_list("ks", ["1", "2", "4"], "Micro-steps per replica (batch N k m) to measure.")
 flags.DEFINE_integer("draws", 200, "Independent batches per snapshot and k.")
+flags.DEFINE_integer(
+    "iterates", 1, "Consecutive checkpoints (steps S-n+1..S) pooled per snapshot step S."
+)
 flags.DEFINE_integer("bootstrap", 2000, "Bootstrap resamples for the intervals.")
 flags.DEFINE_integer("seed", 0, "Seed of the draws and the bootstrap.")
 flags.DEFINE_integer("timeout_per_stage", 1800, "Seconds before a training stage is failed.")
@@ -98,15 +104,23 @@ def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -
         f"--config.train.max_steps={step}",
         *overrides,
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=FLAGS.timeout_per_stage, check=False
-    )
+    log = workdir / f"train_to_step{step}.log"
+    print(f"Training the exact-mode run to step {step} (its output: {log})", flush=True)
+    with open(log, "w") as out:
+        done = subprocess.run(
+            command, stdout=out, stderr=subprocess.STDOUT, timeout=FLAGS.timeout_per_stage
+        )
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}):\n{tail}")
     source = workdir / "run" / "checkpoints"
     files = sorted(source.glob(f"ckpt-{step}.*"))
     if not files:
-        raise RuntimeError(f"No checkpoint ckpt-{step} in {source} after training to it.")
+        raise RuntimeError(
+            f"No checkpoint ckpt-{step} in {source} after training to it: the run is past "
+            f"step {step} already (a snapshot is kept only when it is asked for before the "
+            "run passes it). Use a new --outdir."
+        )
     tmp = kept.with_name(kept.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -375,10 +389,17 @@ def main(argv: list[str]) -> None:
         )
     steps = sorted({int(s) for s in FLAGS.snapshot_steps})
     ks = [int(k) for k in FLAGS.ks]
-    if not steps or steps[0] < 1 or not ks or min(ks) < 1 or FLAGS.draws < 2:
+    if not steps or not ks or min(ks) < 1 or FLAGS.iterates < 1:
         raise app.UsageError(
-            "--snapshot_steps and --ks must be positive integers and --draws >= 2. "
-            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.draws}"
+            "--snapshot_steps, --ks and --iterates must be positive integers. "
+            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.iterates}"
+        )
+    if steps[0] - FLAGS.iterates < 0 or FLAGS.draws < 2 * FLAGS.iterates:
+        raise app.UsageError(
+            "Each snapshot step S pools steps S-n+1..S (n = --iterates): S >= n, and "
+            "--draws >= 2n. Received: "
+            f"snapshot_steps={FLAGS.snapshot_steps}, iterates={FLAGS.iterates}, "
+            f"draws={FLAGS.draws}"
         )
     outdir = Path(FLAGS.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -390,11 +411,23 @@ def main(argv: list[str]) -> None:
     rng = np.random.default_rng(FLAGS.seed)
     target = float(config.policy.target_similarity)
     rows, started = [], time.time()
+    iterates = FLAGS.iterates
     for step in steps:
-        snapshot = train_to(config_path, overrides, outdir, step)
-        load_weights(model, snapshot)
+        # The readings vary from one iterate of training to the next (|G| along the
+        # trajectory): each snapshot step pools `iterates` consecutive checkpoints.
+        models = []
+        for back in reversed(range(iterates)):
+            load_weights(model, train_to(config_path, overrides, outdir, step - back))
+            models.append([v.numpy() for v in model.trainable_variables])
         for k in ks:
-            exact, estimated = readings(model, x, y, num_replicas, k, micro, FLAGS.draws, rng)
+            parts = []
+            for i, weights in enumerate(models):
+                for variable, value in zip(model.trainable_variables, weights, strict=True):
+                    variable.assign(value)
+                share = FLAGS.draws // iterates + (i < FLAGS.draws % iterates)
+                parts.append(readings(model, x, y, num_replicas, k, micro, share, rng))
+            exact = np.concatenate([p[0] for p in parts])
+            estimated = np.concatenate([p[1] for p in parts])
             resamples = rng.integers(0, len(exact), (FLAGS.bootstrap, len(exact)))
             rows.append(paired_row(exact, estimated, target, resamples))
             rows[-1].update(step=step, k=k, batch=num_replicas * k * micro)

@@ -369,6 +369,7 @@ def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> Non
         f"--config={ROOT / 'configs' / 'digits.py'}",
         "--config.policy.target_similarity=0.25",
         "--snapshot_steps=3",
+        "--iterates=2",  # steps 2 and 3, three draws each
         "--ks=1,2,3,4",
         "--draws=6",
         "--bootstrap=20",
@@ -388,5 +389,6 @@ def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> Non
     (settled,) = results["settled"]
     assert settled["step"] == 3 and 16 <= settled["exact"] <= 64
     assert settled["ratio"] == 1.0 and settled["interval"] == [1.0, 1.0]
+    assert (outdir / "snapshots" / "step2" / "checkpoint").exists()
     assert (outdir / "snapshots" / "step3" / "checkpoint").exists()
     assert "| 3 | 4 | 64 | 6 |" in (outdir / "results.md").read_text()
