@@ -10,9 +10,9 @@ in a tenth of the run's average batch). This measures the first reason alone.
 
 An exact-mode run of --config is taken to each of --snapshot_steps (launch/train.py with
 `train.max_steps`, resuming its own checkpoints; the run and its kept snapshots are reused
-if they are there). The readings vary from one iterate of training to the next, so
---iterates=n pools the checkpoints of steps S-n+1, ..., S for each snapshot step S (the
-draws split evenly among them). At each, N replicas x k micro-batches drawn from the
+if they are there). The readings vary a lot from one iterate of training to the next, so
+--iterates=n --iterate_spacing=d pools the checkpoints of steps S-(n-1)d, ..., S-d, S for
+each snapshot step S (the draws split evenly among them). At each, N replicas x k micro-batches drawn from the
 training data give the micro-gradients, summed per replica and per group as the engine
 does (group A:
 micro-gradient i of replica r with i*N + r even), and both modes' readings come from the
@@ -57,8 +57,10 @@ flags.DEFINE_string("outdir", "workdir/similarity_paired", "Run, snapshots and r
 flags.DEFINE_list("snapshot_steps", ["5", "60", "150", "300"], "Optimizer steps to measure at.")
 flags.DEFINE_list("ks", ["1", "2", "4"], "Micro-steps per replica (batch N k m) to measure.")
 flags.DEFINE_integer("draws", 200, "Independent batches per snapshot and k.")
-flags.DEFINE_integer(
-    "iterates", 1, "Consecutive checkpoints (steps S-n+1..S) pooled per snapshot step S."
+flags.DEFINE_integer("iterates", 1, "Checkpoints pooled per snapshot step S (n).")
+flags.DEFINE_integer("iterate_spacing", 1, "Steps between them (d): S-(n-1)d, ..., S-d, S.")
+flags.DEFINE_bool(
+    "report_only", False, "Rebuild the report from --outdir's results.json (no measuring)."
 )
 flags.DEFINE_integer("bootstrap", 2000, "Bootstrap resamples for the intervals.")
 flags.DEFINE_integer("seed", 0, "Seed of the draws and the bootstrap.")
@@ -272,6 +274,50 @@ def settled_batch(moves: dict[int, tuple[int, int]], grow: dict[int, float]) -> 
     return float(pi @ np.array(sizes, float)), float(pi[-1])
 
 
+def follow(
+    moves: dict[int, tuple[int, int]],
+    grow_at: dict[int, dict[int, float]],
+    start: int,
+    runs: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """The controller's mean batch at each step 1..last when the readings change in time.
+
+    `grow_at[step][B]`: the share of readings below the target at batch B measured at
+    `step`, interpolated linearly between the measured steps (the first snapshot's
+    before it). `runs` simulated controllers start at batch `start` and move as
+    `moves` says (the largest batch keeps a growing reading where it is). A less noisy
+    reading, whose share is further from one half where the batch is off its settling
+    point, follows a moving settling point more closely.
+
+    >>> moves = {128: (128, 256), 256: (128, 256)}
+    >>> rng = np.random.default_rng(0)
+    >>> follow(moves, {1: {128: 1.0, 256: 0.0}, 3: {128: 1.0, 256: 0.0}}, 128, 10, rng).tolist()
+    [128.0, 256.0, 128.0]
+
+    Halfway between a step where 256 always shrinks and one where it always grows, half
+    the runs shrink: the mean at step 3 is about (128 + 256) / 2.
+
+    >>> path = follow(moves, {1: {128: 1.0, 256: 0.0}, 3: {128: 1.0, 256: 1.0}}, 128, 4000, rng)
+    >>> path[:2].tolist(), round(path[2] / 64)
+    ([128.0, 256.0], 3)
+    """
+    steps = sorted(grow_at)
+    sizes = sorted(moves)
+    index = {b: i for i, b in enumerate(sizes)}
+    down = np.array([index[moves[b][0]] for b in sizes])
+    up = np.array([index.get(moves[b][1], i) for i, b in enumerate(sizes)])
+    table = np.array([[grow_at[s][b] for b in sizes] for s in steps])
+    state = np.full(runs, index[start])
+    means = []
+    for step in range(1, steps[-1] + 1):
+        means.append(float(np.mean(np.array(sizes, float)[state])))
+        grow = np.array([np.interp(step, steps, table[:, j]) for j in range(len(sizes))])
+        grows = rng.random(runs) < grow[state]
+        state = np.where(grows, up[state], down[state])
+    return np.array(means)
+
+
 def policy_moves(config, unit: int, rows: list[dict]) -> dict[int, tuple[int, int]]:
     """The config's policy's moves (after a reading above, below the target) per batch."""
     from tf_adabatch.app import factories
@@ -349,6 +395,44 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
     return {"snapshots": snapshots, "report": header + "\n".join(lines) + "\n"}
 
 
+def following(
+    rows: list[dict], moves: dict[int, tuple[int, int]], target: float, start: int
+) -> dict:
+    """The controller simulated along the run (`follow`), 4,000 runs per mode, from the
+    policy's initial batch: mean batch between consecutive snapshot steps, and the ratio."""
+    sizes = sorted(moves)
+    grow_at: dict[str, dict[int, dict[int, float]]] = {"exact": {}, "estimated": {}}
+    for r in rows:
+        for mode in grow_at:
+            grow_at[mode].setdefault(r["step"], {})[r["batch"]] = float(
+                np.mean(np.asarray(r[mode]) < target)
+            )
+    measured = [sorted(g) for g in grow_at["exact"].values()]
+    if start not in sizes or any(m != sizes for m in measured):
+        note = "every snapshot must measure the same batches, the initial batch among them"
+        return {"intervals": [], "report": f"\nNo simulated run ({note}).\n"}
+    paths = {
+        mode: follow(moves, grow, start, 4000, np.random.default_rng(FLAGS.seed + 2))
+        for mode, grow in grow_at.items()
+    }
+    steps = sorted(grow_at["exact"])
+    bounds = list(zip([0, *steps[:-1]], steps, strict=True))
+    intervals, lines = [], []
+    for low, high in bounds:
+        exact, estimated = (float(paths[m][low:high].mean()) for m in ("exact", "estimated"))
+        intervals.append({"steps": [low + 1, high], "exact": exact, "estimated": estimated})
+        lines.append(
+            f"- steps {low + 1}-{high}: mean batch {exact:.0f} (exact), {estimated:.0f} "
+            f"(estimated): {estimated / exact:.3f}"
+        )
+    header = (
+        "\nThe controller along the run (simulated, 4,000 runs per mode from batch "
+        f"{start}; each batch's share of readings below the target interpolated linearly "
+        "between the snapshot steps; the shares' own sampling noise is not propagated):\n\n"
+    )
+    return {"intervals": intervals, "report": header + "\n".join(lines) + "\n"}
+
+
 def summarise(rows: list[dict], target: float) -> str:
     """The markdown report of the rows' statistics."""
     fmt = lambda s: f"{s[0]:+.4f} ({s[1]:+.4f} to {s[2]:+.4f})"  # noqa: E731
@@ -371,53 +455,32 @@ def summarise(rows: list[dict], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+def measure(
+    config,
+    config_path: str,
+    overrides: list[str],
+    outdir: Path,
+    steps: list[int],
+    ks: list[int],
+    target: float,
+) -> list[dict]:
+    """Both modes' readings at every snapshot step and k: one `paired_row` each."""
     from tf_adabatch.app.data import pipeline
     from tf_adabatch.app.models import build_model
 
-    config = _CONFIG.value
-    config_path = config_flags.get_config_filename(FLAGS["config"])
-    if config.similarity != "exact":
-        raise app.UsageError("The snapshot run is exact mode: leave config.similarity exact.")
     num_replicas, micro = int(config.num_cpu_replicas), int(config.micro_batch_size)
-    if num_replicas < 2:
-        raise app.UsageError(
-            f"Estimated mode pairs replicas: config.num_cpu_replicas must be >= 2. "
-            f"Received: {num_replicas}"
-        )
-    steps = sorted({int(s) for s in FLAGS.snapshot_steps})
-    ks = [int(k) for k in FLAGS.ks]
-    if not steps or not ks or min(ks) < 1 or FLAGS.iterates < 1:
-        raise app.UsageError(
-            "--snapshot_steps, --ks and --iterates must be positive integers. "
-            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.iterates}"
-        )
-    if steps[0] - FLAGS.iterates < 0 or FLAGS.draws < 2 * FLAGS.iterates:
-        raise app.UsageError(
-            "Each snapshot step S pools steps S-n+1..S (n = --iterates): S >= n, and "
-            "--draws >= 2n. Received: "
-            f"snapshot_steps={FLAGS.snapshot_steps}, iterates={FLAGS.iterates}, "
-            f"draws={FLAGS.draws}"
-        )
-    outdir = Path(FLAGS.outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    # The config's overrides on this command line go to the snapshot run as well.
-    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-
     (x, y), _, num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
     model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
     rng = np.random.default_rng(FLAGS.seed)
-    target = float(config.policy.target_similarity)
     rows, started = [], time.time()
     iterates = FLAGS.iterates
     for step in steps:
         # The readings vary from one iterate of training to the next (|G| along the
-        # trajectory): each snapshot step pools `iterates` consecutive checkpoints.
+        # trajectory): each snapshot step pools `iterates` checkpoints.
         models = []
         for back in reversed(range(iterates)):
-            load_weights(model, train_to(config_path, overrides, outdir, step - back))
+            at = step - back * FLAGS.iterate_spacing
+            load_weights(model, train_to(config_path, overrides, outdir, at))
             models.append([v.numpy() for v in model.trainable_variables])
         for k in ks:
             parts = []
@@ -439,11 +502,61 @@ def main(argv: list[str]) -> None:
                 f"({time.time() - started:.0f} s)",
                 flush=True,
             )
-    settled = settling(rows, policy_moves(config, num_replicas * micro, rows), target)
-    report = summarise(rows, target) + settled["report"]
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    config_path = config_flags.get_config_filename(FLAGS["config"])
+    if config.similarity != "exact":
+        raise app.UsageError("The snapshot run is exact mode: leave config.similarity exact.")
+    num_replicas, micro = int(config.num_cpu_replicas), int(config.micro_batch_size)
+    if num_replicas < 2:
+        raise app.UsageError(
+            f"Estimated mode pairs replicas: config.num_cpu_replicas must be >= 2. "
+            f"Received: {num_replicas}"
+        )
+    steps = sorted({int(s) for s in FLAGS.snapshot_steps})
+    ks = [int(k) for k in FLAGS.ks]
+    if not steps or not ks or min(ks) < 1 or FLAGS.iterates < 1:
+        raise app.UsageError(
+            "--snapshot_steps, --ks and --iterates must be positive integers. "
+            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.iterates}"
+        )
+    span = (FLAGS.iterates - 1) * FLAGS.iterate_spacing
+    if FLAGS.iterate_spacing < 1 or steps[0] - span < 1 or FLAGS.draws < 2 * FLAGS.iterates:
+        raise app.UsageError(
+            "Each snapshot step S pools steps S-(n-1)d, ..., S (n = --iterates, d = "
+            "--iterate_spacing >= 1): S-(n-1)d >= 1, and --draws >= 2n. Received: "
+            f"snapshot_steps={FLAGS.snapshot_steps}, iterates={FLAGS.iterates}, "
+            f"iterate_spacing={FLAGS.iterate_spacing}, draws={FLAGS.draws}"
+        )
+    outdir = Path(FLAGS.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    # The config's overrides on this command line go to the snapshot run as well.
+    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+
+    target = float(config.policy.target_similarity)
+    if FLAGS.report_only:
+        rows = json.loads((outdir / "results.json").read_text())["rows"]
+    else:
+        rows = measure(config, config_path, overrides, outdir, steps, ks, target)
+    moves = policy_moves(config, num_replicas * micro, rows)
+    settled = settling(rows, moves, target)
+    followed = following(rows, moves, target, int(config.policy.initial_batch_size))
+    report = summarise(rows, target) + settled["report"] + followed["report"]
     (outdir / "results.md").write_text(report)
     (outdir / "results.json").write_text(
-        json.dumps({"target": target, "rows": rows, "settled": settled["snapshots"]})
+        json.dumps(
+            {
+                "target": target,
+                "rows": rows,
+                "settled": settled["snapshots"],
+                "followed": followed["intervals"],
+            }
+        )
     )
     print(report)
     print(f"Written: {outdir / 'results.md'}, {outdir / 'results.json'}")

@@ -389,6 +389,22 @@ def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> Non
     (settled,) = results["settled"]
     assert settled["step"] == 3 and 16 <= settled["exact"] <= 64
     assert settled["ratio"] == 1.0 and settled["interval"] == [1.0, 1.0]
+    (followed,) = results["followed"]  # one interval: steps 1-3, from the initial 16
+    assert followed["steps"] == [1, 3] and followed["exact"] == followed["estimated"]
+    assert 16 <= followed["exact"] <= 64
+    # The report rebuilt from results.json alone is the same report.
+    report = (outdir / "results.md").read_text()
+    (outdir / "results.md").unlink()
+    again = script(
+        "similarity_paired.py",
+        f"--outdir={outdir}",
+        f"--config={ROOT / 'configs' / 'digits.py'}",
+        "--config.policy.target_similarity=0.25",
+        "--report_only",
+        "--bootstrap=20",
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (outdir / "results.md").read_text() == report
     assert (outdir / "snapshots" / "step2" / "checkpoint").exists()
     assert (outdir / "snapshots" / "step3" / "checkpoint").exists()
     assert "| 3 | 4 | 64 | 6 |" in (outdir / "results.md").read_text()
