@@ -24,7 +24,9 @@ Reported per snapshot and batch B = N k m: the two modes' mean and median readin
 paired mean difference, and the share of readings below the target (what the SimiGrad
 controller acts on: a reading below the target grows the batch, else it shrinks, so the
 batch settles where that share is about one half), with 95% bootstrap intervals over the
-draws (paired: one resample of the draws for both modes). With N = 2 the two readings are
+draws (paired: one resample of the draws for both modes; the draws are resampled, not the
+checkpoints, so with few checkpoints the intervals leave out how the next checkpoints would
+differ). With N = 2 the two readings are
 equal draw for draw (a check of the measurement). Gradients are float32 (the engine's);
 the products are float64. Runs on one device (no strategy): the replicas are simulated by
 the micro-batches' layout, so the snapshot run's replica count is the config's.
@@ -103,8 +105,8 @@ def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -
         str(ROOT / "launch" / "train.py"),
         f"--config={config_path}",
         f"--workdir={workdir / 'run'}",
-        f"--config.train.max_steps={step}",
         *overrides,
+        f"--config.train.max_steps={step}",  # last: absl keeps the last value of a flag
     ]
     log = workdir / f"train_to_step{step}.log"
     print(f"Training the exact-mode run to step {step} (its output: {log})", flush=True)
