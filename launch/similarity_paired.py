@@ -160,12 +160,14 @@ def load_weights(model, snapshot: Path) -> None:
         variable.assign(value)
 
 
-def readings(model, x, y, num_replicas, k, micro, draws, rng):
-    """Per draw: (exact, estimated) similarity of one batch of N k m examples."""
+def micro_gradients_fn(model):
+    """A compiled function: micro-batches [M, m, ...] to one flat gradient each, [M, P].
+
+    Built once per model (its variables are reassigned between checkpoints, not replaced),
+    so it traces once per micro-batch layout, not once per call.
+    """
     import keras
     import tensorflow as tf
-
-    from tf_adabatch import stats
 
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -178,6 +180,13 @@ def readings(model, x, y, num_replicas, k, micro, draws, rng):
             return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
 
         return tf.map_fn(one, (xb, yb), fn_output_signature=tf.float32)
+
+    return micro_gradients
+
+
+def readings(micro_gradients, x, y, num_replicas, k, micro, draws, rng):
+    """Per draw: (exact, estimated) similarity of one batch of N k m examples."""
+    from tf_adabatch import stats
 
     in_a = group_a_mask(num_replicas, k)
     exact, estimated = [], []
@@ -342,15 +351,14 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
     snapshots, lines = [], []
     for step in sorted({r["step"] for r in rows}):
         mine = {r["batch"]: r for r in rows if r["step"] == step}
+        mine_moves = {b: moves[b] for b in mine}
+        share = {
+            b: {m: np.asarray(r[m]) < target for m in ("exact", "estimated")}
+            for b, r in mine.items()
+        }
         try:
-            share = {
-                b: {m: np.asarray(r[m]) < target for m in ("exact", "estimated")}
-                for b, r in mine.items()
-            }
             result = {
-                m: settled_batch(
-                    {b: moves[b] for b in mine}, {b: float(v[m].mean()) for b, v in share.items()}
-                )
+                m: settled_batch(mine_moves, {b: r[f"{m}_below"] for b, r in mine.items()})
                 for m in ("exact", "estimated")
             }
         except ValueError as err:
@@ -364,8 +372,7 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
             try:
                 means = [
                     settled_batch(
-                        {b: moves[b] for b in mine},
-                        {b: float(v[m][picked[b]].mean()) for b, v in share.items()},
+                        mine_moves, {b: float(v[m][picked[b]].mean()) for b, v in share.items()}
                     )[0]
                     for m in ("exact", "estimated")
                 ]
@@ -397,18 +404,14 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
     return {"snapshots": snapshots, "report": header + "\n".join(lines) + "\n"}
 
 
-def following(
-    rows: list[dict], moves: dict[int, tuple[int, int]], target: float, start: int
-) -> dict:
+def following(rows: list[dict], moves: dict[int, tuple[int, int]], start: int) -> dict:
     """The controller simulated along the run (`follow`), 4,000 runs per mode, from the
     policy's initial batch: mean batch between consecutive snapshot steps, and the ratio."""
     sizes = sorted(moves)
     grow_at: dict[str, dict[int, dict[int, float]]] = {"exact": {}, "estimated": {}}
-    for r in rows:
+    for r in rows:  # each row's share of readings below the target (`paired_row`)
         for mode in grow_at:
-            grow_at[mode].setdefault(r["step"], {})[r["batch"]] = float(
-                np.mean(np.asarray(r[mode]) < target)
-            )
+            grow_at[mode].setdefault(r["step"], {})[r["batch"]] = r[f"{mode}_below"]
     measured = [sorted(g) for g in grow_at["exact"].values()]
     if start not in sizes or any(m != sizes for m in measured):
         note = "every snapshot must measure the same batches, the initial batch among them"
@@ -473,6 +476,7 @@ def measure(
     num_replicas, micro = int(config.num_cpu_replicas), int(config.micro_batch_size)
     (x, y), _, num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
     model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
+    gradients = micro_gradients_fn(model)
     rng = np.random.default_rng(FLAGS.seed)
     rows, started = [], time.time()
     iterates = FLAGS.iterates
@@ -490,7 +494,7 @@ def measure(
                 for variable, value in zip(model.trainable_variables, weights, strict=True):
                     variable.assign(value)
                 share = FLAGS.draws // iterates + (i < FLAGS.draws % iterates)
-                parts.append(readings(model, x, y, num_replicas, k, micro, share, rng))
+                parts.append(readings(gradients, x, y, num_replicas, k, micro, share, rng))
             exact = np.concatenate([p[0] for p in parts])
             estimated = np.concatenate([p[1] for p in parts])
             resamples = rng.integers(0, len(exact), (FLAGS.bootstrap, len(exact)))
@@ -547,7 +551,7 @@ def main(argv: list[str]) -> None:
         rows = measure(config, config_path, overrides, outdir, steps, ks, target)
     moves = policy_moves(config, num_replicas * micro, rows)
     settled = settling(rows, moves, target)
-    followed = following(rows, moves, target, int(config.policy.initial_batch_size))
+    followed = following(rows, moves, int(config.policy.initial_batch_size))
     report = summarise(rows, target) + settled["report"] + followed["report"]
     (outdir / "results.md").write_text(report)
     (outdir / "results.json").write_text(
