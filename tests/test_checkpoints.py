@@ -7,6 +7,7 @@ in a subprocess, are tests/test_faults.py's.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -153,6 +154,35 @@ def test_stale_save_temporaries_are_removed_and_allowed_changes_resume(
     assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
     assert metrics["optimizer_steps"] == 5
     assert not list(ckpts.glob("*_temp*"))
+    # Allowed, but named: the base run's settings (configs/synthetic.py with this
+    # module's overrides) against the changed ones, sorted by field.
+    assert (
+        "Settings changed since these checkpoints were written: micro_batch_size 16 -> 8; "
+        "optimizer.learning_rate 0.05 -> 0.01; policy.max_batch_size 256 -> 512; "
+        "train.eval_batch_size 256 -> 100; train.max_steps 4 -> 5\n"
+    ) in out
+
+
+def test_a_resume_names_changed_settings_only_and_records_the_new_ones(
+    workdir: Path, capsys
+) -> None:
+    """config.json holds the settings of the run writing the checkpoints; a resume with
+    the same config names nothing, one with a longer max_steps names that field alone and
+    then records it (so the next resume compares against it)."""
+    stored = workdir / "checkpoints" / checkpoints.SETTINGS
+    assert json.loads(stored.read_text()) == checkpoints.settings(config())
+    app.run(config(), str(workdir))
+    out, _ = capsys.readouterr()
+    assert "Resumed from" in out and "Settings changed" not in out
+    app.run(config(**{"train.max_steps": 6}), str(workdir))
+    out, _ = capsys.readouterr()
+    assert "Settings changed since these checkpoints were written: train.max_steps 4 -> 6\n" in out
+    assert json.loads(stored.read_text())["train.max_steps"] == 6
+    stored.write_text("{not json")  # unreadable: a warning, and the resume goes on
+    metrics = app.run(config(**{"train.max_steps": 7}), str(workdir))
+    out, err = capsys.readouterr()
+    assert metrics["optimizer_steps"] == 7 and "Settings changed" not in out
+    assert f"warning: ignoring unreadable {stored}" in err
 
 
 @pytest.mark.parametrize(

@@ -24,12 +24,16 @@ import tensorflow as tf
 __all__ = [
     "FINGERPRINT",
     "ResumeError",
+    "SETTINGS",
+    "changed_settings",
     "check_fingerprint",
     "checkpoint_numbers",
     "clean_temporaries",
     "fingerprint",
     "restore_newest_readable",
+    "settings",
     "write_fingerprint",
+    "write_settings",
 ]
 
 
@@ -44,6 +48,7 @@ class ResumeError(RuntimeError):
 # A checkpoint's own files (a kill during a save leaves `ckpt-N_temp*` instead).
 _CKPT_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-\d+-of-\d+)$")
 FINGERPRINT = "fingerprint.json"
+SETTINGS = "config.json"
 
 
 def checkpoint_numbers(directory: str) -> list[int]:
@@ -300,6 +305,79 @@ def write_fingerprint(directory: str, current: dict[str, Any]) -> None:
     ['fingerprint.json']
     """
     _write_json_atomically(os.path.join(directory, FINGERPRINT), current)
+
+
+def settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as flat `{"section.field": value}` (JSON types), for `config.json`.
+
+    >>> c = ml_collections.ConfigDict({"seed": 0, "optimizer": {"learning_rate": 0.05}})
+    >>> settings(c)
+    {'optimizer.learning_rate': 0.05, 'seed': 0}
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                # Round-trips through JSON, so a stored value compares equal to a fresh one.
+                flat[f"{prefix}{key}"] = json.loads(json.dumps(value, default=str))
+
+    walk("", config.to_dict())
+    return dict(sorted(flat.items()))
+
+
+def changed_settings(directory: str, current: dict[str, Any]) -> list[str]:
+    """The fields of `directory/config.json` (the run that wrote the checkpoints) that
+    `current` changes, as `"field old -> new"`; [] without a readable file.
+
+    A resume may change these on purpose (a longer run, a lower learning rate); the
+    list makes a change by mistake visible. What it must not change is the fingerprint's.
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> write_settings(directory, {"optimizer.learning_rate": 0.05, "seed": 0})
+    >>> changed_settings(directory, {"optimizer.learning_rate": 0.01, "seed": 0, "new": 1})
+    ['new (absent) -> 1', 'optimizer.learning_rate 0.05 -> 0.01']
+    >>> changed_settings(tempfile.mkdtemp(), {"seed": 0})  # no config.json: nothing known
+    []
+    """
+    path = os.path.join(directory, SETTINGS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:
+        print(f"warning: ignoring unreadable {path} ({_short(err)})", file=sys.stderr)
+        return []
+    if not isinstance(stored, dict):
+        print(f"warning: ignoring {path}: not a JSON object", file=sys.stderr)
+        return []
+    missing = object()
+    changes = []
+    for key in sorted(set(stored) | set(current)):
+        old, new = stored.get(key, missing), current.get(key, missing)
+        if old != new:
+            changes.append(
+                f"{key} {'(absent)' if old is missing else repr(old)} -> "
+                f"{'(absent)' if new is missing else repr(new)}"
+            )
+    return changes
+
+
+def write_settings(directory: str, current: dict[str, Any]) -> None:
+    """Writes `directory/config.json` atomically: the settings of the run now writing
+    checkpoints there (see `settings`).
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> write_settings(directory, {"seed": 0})
+    >>> json.load(open(os.path.join(directory, SETTINGS)))
+    {'seed': 0}
+    """
+    _write_json_atomically(os.path.join(directory, SETTINGS), current)
 
 
 def _write_json_atomically(path: str, value: Any) -> None:

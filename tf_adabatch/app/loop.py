@@ -14,7 +14,9 @@ orbit's `Controller` and actions):
 
 Workdir layout:
     checkpoints/        tf.train.CheckpointManager (model, optimizer, adaptive state);
-                        fingerprint.json: what a resume must not change
+                        fingerprint.json: what a resume must not change;
+                        config.json: the settings of the run writing them (a
+                        resume names the fields it changes)
     tensorboard/train/  adabatch/*, loss every optimizer step
     tensorboard/eval/   loss, accuracy at each evaluation (same tags: TensorBoard
                         overlays train and eval loss), and adabatch/train_seconds:
@@ -433,6 +435,7 @@ def _run(
     checkpoints.clean_temporaries(os.path.join(outdir, "checkpoints"))
     chief_dir = os.path.join(workdir, "checkpoints")
     fingerprint = checkpoints.fingerprint(config, model, num_classes)
+    current_settings = checkpoints.settings(config)
     if checkpoints.checkpoint_numbers(chief_dir):
         checkpoints.check_fingerprint(chief_dir, fingerprint)
     # The trainer restores a checkpoint of another topology too (`Trainer.restore`).
@@ -446,9 +449,13 @@ def _run(
         moved = trainer.engine.carry_batch_over()  # another replica count or micro-batch
         if moved:
             log(moved)
+        changed = checkpoints.changed_settings(chief_dir, current_settings) if chief else []
+        if changed:
+            log(f"Settings changed since these checkpoints were written: {'; '.join(changed)}")
     if chief:  # before the first save: each checkpoint is written with it in place
         os.makedirs(chief_dir, exist_ok=True)
         checkpoints.write_fingerprint(chief_dir, fingerprint)
+        checkpoints.write_settings(chief_dir, current_settings)
     manager = tf.train.CheckpointManager(
         trainer.checkpoint, os.path.join(outdir, "checkpoints"), max_to_keep=2
     )
