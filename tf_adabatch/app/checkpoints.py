@@ -23,8 +23,8 @@ import tensorflow as tf
 
 __all__ = [
     "FINGERPRINT",
-    "ResumeError",
     "SETTINGS",
+    "ResumeError",
     "changed_settings",
     "check_fingerprint",
     "checkpoint_numbers",
