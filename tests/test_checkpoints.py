@@ -183,6 +183,11 @@ def test_a_resume_names_changed_settings_only_and_records_the_new_ones(
     out, err = capsys.readouterr()
     assert metrics["optimizer_steps"] == 7 and "Settings changed" not in out
     assert f"warning: ignoring unreadable {stored}" in err
+    stored.write_text("[1, 2]")  # JSON, but not the settings' object: the same
+    metrics = app.run(config(**{"train.max_steps": 8}), str(workdir))
+    out, err = capsys.readouterr()
+    assert metrics["optimizer_steps"] == 8 and "Settings changed" not in out
+    assert f"warning: ignoring {stored}: not a JSON object" in err
 
 
 @pytest.mark.parametrize(

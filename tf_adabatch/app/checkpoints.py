@@ -260,15 +260,9 @@ def check_fingerprint(directory: str, current: dict[str, Any]) -> None:
     ...
     tf_adabatch.app.checkpoints.ResumeError: Cannot resume from ...: another job wrote it; differing fields: seed 0 (checkpoint) vs 1 (now). ...
     """
-    path = os.path.join(directory, FINGERPRINT)
-    try:
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-    except FileNotFoundError:
-        return  # written before fingerprints existed: the restore checks the shapes
-    except (OSError, ValueError) as err:
-        print(f"warning: ignoring unreadable {path} ({_short(err)})", file=sys.stderr)
-        return
+    stored = _read_json(os.path.join(directory, FINGERPRINT))
+    if stored is _ABSENT:
+        return  # written before fingerprints existed, or unreadable: the restore checks the shapes
     differ = []
     for key, value in current.items():
         if stored.get(key) != value:
@@ -344,13 +338,8 @@ def changed_settings(directory: str, current: dict[str, Any]) -> list[str]:
     []
     """
     path = os.path.join(directory, SETTINGS)
-    try:
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as err:
-        print(f"warning: ignoring unreadable {path} ({_short(err)})", file=sys.stderr)
+    stored = _read_json(path)
+    if stored is _ABSENT:
         return []
     if not isinstance(stored, dict):
         print(f"warning: ignoring {path}: not a JSON object", file=sys.stderr)
@@ -378,6 +367,23 @@ def write_settings(directory: str, current: dict[str, Any]) -> None:
     {'seed': 0}
     """
     _write_json_atomically(os.path.join(directory, SETTINGS), current)
+
+
+_ABSENT = object()  # `_read_json`: no file, or one that does not read as JSON
+
+
+def _read_json(path: str) -> Any:
+    """The JSON value in `path`; `_ABSENT` if there is no file, and also (after one
+    `warning:` line) if it cannot be read or parsed: a record beside the checkpoints
+    never stops a resume by being damaged itself."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return _ABSENT
+    except (OSError, ValueError) as err:
+        print(f"warning: ignoring unreadable {path} ({_short(err)})", file=sys.stderr)
+        return _ABSENT
 
 
 def _write_json_atomically(path: str, value: Any) -> None:
