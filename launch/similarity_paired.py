@@ -319,12 +319,15 @@ def follow(
     down = np.array([index[moves[b][0]] for b in sizes])
     up = np.array([index.get(moves[b][1], i) for i, b in enumerate(sizes)])
     table = np.array([[grow_at[s][b] for b in sizes] for s in steps])
+    # Each batch's share at every step 1..last, interpolated once (rows: steps).
+    every = np.arange(1, steps[-1] + 1)
+    grow = np.stack([np.interp(every, steps, table[:, j]) for j in range(len(sizes))], axis=1)
+    batch = np.array(sizes, float)
     state = np.full(runs, index[start])
     means = []
-    for step in range(1, steps[-1] + 1):
-        means.append(float(np.mean(np.array(sizes, float)[state])))
-        grow = np.array([np.interp(step, steps, table[:, j]) for j in range(len(sizes))])
-        grows = rng.random(runs) < grow[state]
+    for shares in grow:
+        means.append(float(np.mean(batch[state])))
+        grows = rng.random(runs) < shares[state]
         state = np.where(grows, up[state], down[state])
     return np.array(means)
 
