@@ -84,10 +84,17 @@ def test_bad_rule_arguments() -> None:
         match=r"Argument `rule` must be one of \('adascale', 'sqrt', 'linear', 'none'\). Received: rule='cubic'",
     ):
         tf_adabatch.AdaptiveLearningRate(0.1, "cubic")
-    with pytest.raises(
-        ValueError, match=r"Argument `base` must be a positive float .* Received: base=-1"
-    ):
-        tf_adabatch.AdaptiveLearningRate(-1)
+    for bad in (-1, float("inf"), float("nan"), "0.1"):
+        with pytest.raises(
+            ValueError,
+            match=rf"Argument `base` must be a positive, finite float .* Received: base={bad!r}",
+        ):
+            tf_adabatch.AdaptiveLearningRate(bad)
+    for bad in ("x", 0.0, 1.5, True):
+        with pytest.raises(
+            ValueError, match=rf"`gain_power` must be in \(0, 1\]. Received: gain_power={bad!r}"
+        ):
+            tf_adabatch.AdaptiveLearningRate(0.1, gain_power=bad)
     with pytest.raises(ValueError, match=r"applies to rule='linear' only"):
         tf_adabatch.AdaptiveLearningRate(0.1, "adascale", warmup_steps=5)
 

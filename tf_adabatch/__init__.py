@@ -10,7 +10,8 @@ True
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
 from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
-from tf_adabatch.keras_fit import attach
+from tf_adabatch.keras_fit import attach, load_model
+from tf_adabatch.lr_callbacks import LearningRateScheduler, ReduceLROnPlateau
 from tf_adabatch.options import EngineOptions
 from tf_adabatch.policies import (
     BatchPolicy,
@@ -21,7 +22,7 @@ from tf_adabatch.policies import (
     StaticPolicy,
     StepStats,
 )
-from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate
+from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate, LearningRateScale
 from tf_adabatch.state import AdaptiveState
 from tf_adabatch.throughput import ThroughputModel
 from tf_adabatch.trainer import Trainer
@@ -37,9 +38,12 @@ __all__ = [
     "BatchPolicy",
     "EngineOptions",
     "GoodputPolicy",
+    "LearningRateScale",
+    "LearningRateScheduler",
     "NoiseScalePolicy",
     "NonFiniteGradientsError",
     "ProgressBudget",
+    "ReduceLROnPlateau",
     "SchedulePolicy",
     "SimiGradPolicy",
     "StaticPolicy",
@@ -47,5 +51,6 @@ __all__ = [
     "ThroughputModel",
     "Trainer",
     "attach",
+    "load_model",
     "stats",
 ]

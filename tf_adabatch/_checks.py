@@ -24,3 +24,13 @@ def integer(name: str, value: object, *, minimum: int = 1) -> int:
         rule = "a positive integer" if minimum == 1 else "a non-negative integer"
         raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={value!r}")
     return int(value)
+
+
+def is_real(value: object) -> bool:
+    """Whether `value` is a real number (any numeric type, numpy's included), not a bool.
+
+    >>> import numpy as np
+    >>> is_real(np.float32(0.5)), is_real(True), is_real("0.5")
+    (True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -59,7 +60,7 @@ from tf_adabatch.measure import (
 from tf_adabatch.options import EngineOptions, resolve_options
 from tf_adabatch.policies import GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.rollback import StepRollback
-from tf_adabatch.schedules import AdaptiveLearningRate
+from tf_adabatch.schedules import AdaptiveLearningRate, LearningRateScale
 from tf_adabatch.state import AdaptiveState
 
 __all__ = [
@@ -284,8 +285,12 @@ class AdaptiveEngine:
             )
         if not model.built or not model.trainable_variables:
             raise ValueError(
-                "Argument `model` must be built and have trainable variables: create it "
-                "with a `keras.Input` or call it once on a batch first."
+                "Argument `model` must be built and have trainable variables (the engine "
+                "allocates its accumulators from them): create it with a `keras.Input`, or "
+                "build a subclassed model by calling it once on a batch, e.g. "
+                "`model(x[:1])`, or with `model.build(input_shape)`, in the strategy's "
+                f"scope, before `attach` / `Trainer`. Received: model={model.name!r} "
+                f"(built={model.built}, {len(model.trainable_variables)} trainable variables)"
             )
         self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
         with self.strategy.scope():
@@ -330,13 +335,18 @@ class AdaptiveEngine:
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
         # state.
         self.lr_schedule: AdaptiveLearningRate | None = None
+        self.lr_scale: LearningRateScale | None = None  # Keras's LR callbacks' multiplier
         for opt in seams.optimizer_chain(optimizer):
             schedule = seams.learning_rate_schedule(opt)
             if isinstance(schedule, AdaptiveLearningRate):
+                if self.lr_scale is None:
+                    with self.strategy.scope():
+                        self.lr_scale = LearningRateScale()
                 schedule.bind(
                     self.state,
                     batch_unit=self.num_replicas * micro_batch_size,
                     base_batch_size=self.base_batch_size,
+                    scale=self.lr_scale,
                 )
                 self.lr_schedule = schedule
         self.trace_count = 0
@@ -409,9 +419,11 @@ class AdaptiveEngine:
         - "policy": the batch policy (its own variables; a `GoodputPolicy`'s
           throughput model's timings);
         - "carried": the measurement's carried buffers, only where it has some (one
-          replica, estimated similarity).
+          replica, estimated similarity);
+        - "lr": the base learning rate's multiplier (`LearningRateScale`, which
+          Keras's learning-rate callbacks set), only with an `AdaptiveLearningRate`.
 
-        The learning-rate rule has no state of its own: it reads this state.
+        The learning-rate rule has no other state of its own: it reads this state.
 
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
@@ -422,6 +434,8 @@ class AdaptiveEngine:
         parts: dict[str, Any] = {"state": self.state, "policy": self.policy}
         if self.carried_buffers:
             parts["carried"] = self.carried_buffers
+        if self.lr_scale is not None:
+            parts["lr"] = self.lr_scale
         return parts
 
     def smoothed_moments(self) -> S.NoiseMoments:
@@ -501,6 +515,24 @@ class AdaptiveEngine:
         """
         self.state.accumulation_steps.assign(self._batch_to_k_checked("batch_size", batch_size))
 
+    def _warn_if_state_is_new_on_a_trained_optimizer(self) -> None:
+        """Before the first step: a trained optimizer with a new adaptive state means the
+        model was restored without its state (e.g. `keras.models.load_model` then
+        `attach`), and training would restart the schedule on tau = 0 at the initial
+        batch. Said once, as a warning: a model trained with plain Keras first may
+        start its adaptation afresh on purpose."""
+        iterations = int(self.optimizer.iterations.numpy())
+        taken = int(self.state.steps.numpy()) + int(self.state.skipped_steps.numpy())
+        if iterations > 0 and taken == 0:
+            warnings.warn(
+                f"The optimizer has taken {iterations} steps but the adaptive state is new "
+                f"(progress 0, batch {self.batch_size}): the model was restored without its "
+                "tf_adabatch state, and the schedule restarts at progress 0. To continue a "
+                "model saved under tf_adabatch, load it with `tf_adabatch.load_model(path, "
+                "...)`, or call `model.load_weights(path)` after `attach` / `Trainer(...)`.",
+                stacklevel=3,
+            )
+
     def train_step(self, iterator: Iterator[Any]) -> dict[str, Any]:
         """Runs one optimizer step, consuming k micro-batches per replica.
 
@@ -520,6 +552,7 @@ class AdaptiveEngine:
           NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
         """
         if self.trace_count == 0:
+            self._warn_if_state_is_new_on_a_trained_optimizer()
             # Keras's metrics (loss tracker, compiled metrics: built by `fit` before
             # its first step) are updated by the micro-steps under `attach`: a skipped
             # step leaves them as they were too. Their values may be anything, so

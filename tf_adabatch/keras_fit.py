@@ -19,10 +19,11 @@ import tensorflow as tf
 from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
+from tf_adabatch import lr_callbacks
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.options import EngineOptions, resolve_options
 
-__all__ = ["LOGGED_KEYS", "attach"]
+__all__ = ["LOGGED_KEYS", "attach", "load_model", "track_adaptive_state"]
 
 # The engine's values that `fit` shows in the progress bar and History, beside the
 # compiled loss and metrics (running epoch means, as in plain Keras). The others
@@ -127,9 +128,71 @@ def attach(
     model.compile = binding.refuse_compile
     model._adabatch_engine = engine  # keep it alive and findable from the model
     model._adabatch_fit = binding
-    # Keras saves (save_weights, save, BackupAndRestore) include the adaptive state.
-    model._adabatch_state = _AdaptiveStateSaveable(engine)
+    track_adaptive_state(model, engine)
     return engine
+
+
+def track_adaptive_state(model: keras.Model, engine: AdaptiveEngine) -> None:
+    """Makes Keras's saves of `model` (save_weights, save, BackupAndRestore) include the
+    engine's adaptive state, and `load_weights` restore it (`attach` and `Trainer` call it).
+
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> trainer = tf_adabatch.Trainer(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+    ...                               micro_batch_size=4)  # calls it
+    >>> model._adabatch_state.name
+    'adabatch_state'
+    """
+    model._adabatch_state = _AdaptiveStateSaveable(engine)
+
+
+def load_model(
+    filepath: str,
+    *,
+    custom_objects: dict[str, Any] | None = None,
+    safe_mode: bool = True,
+    **options: Unpack[EngineOptions],
+) -> tuple[keras.Model, AdaptiveEngine]:
+    """Loads a `.keras` model saved under `attach` and continues it: model, engine, state.
+
+    `keras.models.load_model` restores the model, its compiled loss, metrics and
+    optimizer, but not the adaptive state (Keras does not know the engine); this calls
+    it, attaches the engine with `options`, then restores the adaptive state from the
+    same file (`model.load_weights(filepath)`): `fit` goes on with the saved batch size,
+    gain, progress tau, moving averages and policy state. Call it in the strategy's
+    scope when you train under one. A file saved without the state (a plain Keras
+    model) loads with a new state, as `attach` alone would.
+
+    Args:
+      filepath: a `.keras` file written by `model.save` (the model attached).
+      custom_objects, safe_mode: as for `keras.models.load_model`.
+      **options: the engine's options, as for `attach` (`micro_batch_size` required;
+        the same policy type as when it was saved).
+
+    Returns:
+      `(model, engine)`, as `keras.models.load_model` and `attach` return them.
+
+    Raises:
+      ValueError: as `attach`, or if the saved state belongs to another policy type.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=keras.optimizers.SGD(tf_adabatch.AdaptiveLearningRate(0.05)),
+    ...               loss="mse")
+    >>> engine = attach(model, micro_batch_size=8)
+    >>> x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    >>> _ = model.fit(x, x.sum(1), batch_size=8, verbose=0)
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
+    >>> model.save(path)
+    >>> model, engine = load_model(path, micro_batch_size=8)
+    >>> float(engine.state.progress), int(model.optimizer.iterations)  # 8 steps at S = 1
+    (8.0, 8)
+    """
+    model = keras.models.load_model(filepath, custom_objects=custom_objects, safe_mode=safe_mode)
+    engine = attach(model, **options)
+    model.load_weights(filepath)
+    return model, engine
 
 
 def attached_engine(model: keras.Model | None, user: str) -> AdaptiveEngine:
@@ -206,8 +269,15 @@ class _FitBinding:
                     kwargs = {**arguments, "callbacks": [*callbacks, _OptimizerStepBar()]}
                     args = ()
             self._expect_train_iterator = True
+            self._checked_state = False
+            given = arguments.get("callbacks")
+            if isinstance(given, keras.callbacks.CallbackList):
+                given = given.callbacks
             try:
-                return fit(*args, **kwargs)
+                # Keras's ReduceLROnPlateau / LearningRateScheduler set the base rate
+                # of an AdaptiveLearningRate (Keras's own would raise a TypeError).
+                with lr_callbacks.redirected(given):
+                    return fit(*args, **kwargs)
             finally:
                 self._expect_train_iterator = False
 
@@ -345,9 +415,12 @@ class _AdaptiveStateSaveable(seams.Saveable):
         variables = self._get_variables()
         # The differenced estimator's previous gradient ("carried", one replica with
         # estimated similarity) exists on one side only after a change of replicas; it
-        # is not carried over then (`carry_batch_over` restarts the estimator).
-        required = {k for k in variables if not k.startswith("carried.")}
-        known = {k for k in saved if not k.startswith("carried.")}
+        # is not carried over then (`carry_batch_over` restarts the estimator). The base
+        # rate's multiplier ("lr") is absent from files saved before it existed, or
+        # without an `AdaptiveLearningRate`: it stays as it is.
+        optional = ("carried.", "lr.")
+        required = {k for k in variables if not k.startswith(optional)}
+        known = {k for k in saved if not k.startswith(optional)}
         if known != required:
             raise ValueError(
                 "The saved adaptive state does not fit this engine and policy: missing "

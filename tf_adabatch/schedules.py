@@ -12,22 +12,52 @@ with S = B / B0 the current scale and r the AdaScale gain. Pass it to the optimi
 the engine binds it to its adaptive state (gain, tau, batch), which is checkpointed
 with the rest of that state. Until it is bound (or after a `from_config` without an
 engine), it behaves as the base schedule read at the optimizer's step.
+
+Keras's learning-rate callbacks (`ReduceLROnPlateau`, `LearningRateScheduler`) set a
+float learning rate, which a schedule refuses. Bound to an engine, the schedule keeps a
+multiplier of the base rate for them (`LearningRateScale`, checkpointed with the
+adaptive state): `base_rate` reads and `set_base_rate` sets the base rate in effect,
+base(floor(tau)) times that multiplier, while the rule's factor still applies on top
+(`tf_adabatch.callbacks` makes Keras's own callbacks act on it under `attach`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.optimizers.schedules import LearningRateSchedule
 
-from tf_adabatch._checks import integer
+from tf_adabatch._checks import integer, is_real
 from tf_adabatch.state import AdaptiveState
 
-__all__ = ["LR_RULES", "AdaptiveLearningRate"]
+__all__ = ["LR_RULES", "AdaptiveLearningRate", "LearningRateScale"]
 
 LR_RULES = ("adascale", "sqrt", "linear", "none")
+
+
+class LearningRateScale(tf.Module):
+    """The multiplier of the base learning rate that Keras's learning-rate callbacks set.
+
+    1 until a callback (or `AdaptiveLearningRate.set_base_rate`) changes it; the engine
+    creates it in the strategy's scope and checkpoints it with the adaptive state (part
+    "lr"; a checkpoint written before it existed restores without it, at 1).
+
+    >>> float(LearningRateScale().scale)
+    1.0
+    """
+
+    def __init__(self, name: str = "adabatch_lr") -> None:
+        super().__init__(name=name)
+        with self.name_scope:
+            self.scale = tf.Variable(
+                tf.constant(1.0, tf.float64),
+                name="scale",
+                trainable=False,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
 
 
 @keras.saving.register_keras_serializable(package="tf_adabatch")
@@ -65,13 +95,13 @@ class AdaptiveLearningRate(LearningRateSchedule):
         if rule not in LR_RULES:
             raise ValueError(f"Argument `rule` must be one of {LR_RULES}. Received: rule={rule!r}")
         if not isinstance(base, LearningRateSchedule):
-            if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+            if not is_real(base) or not 0 < float(base) < math.inf:
                 raise ValueError(
-                    "Argument `base` must be a positive float or a Keras "
+                    "Argument `base` must be a positive, finite float or a Keras "
                     f"LearningRateSchedule. Received: base={base!r}"
                 )
             base = float(base)
-        if not 0.0 < gain_power <= 1.0:
+        if not is_real(gain_power) or not 0.0 < float(gain_power) <= 1.0:
             raise ValueError(
                 f"Argument `gain_power` must be in (0, 1]. Received: gain_power={gain_power!r}"
             )
@@ -86,6 +116,7 @@ class AdaptiveLearningRate(LearningRateSchedule):
         self.gain_power = gain_power
         self.warmup_steps = warmup_steps
         self._state: AdaptiveState | None = None
+        self._scale: LearningRateScale | None = None
         self._batch_unit = 1
         self._base_batch_size = 1
 
@@ -106,11 +137,72 @@ class AdaptiveLearningRate(LearningRateSchedule):
             return int(self.base.decay_steps)
         return None
 
-    def bind(self, state: AdaptiveState, *, batch_unit: int, base_batch_size: int) -> None:
-        """Reads gain, progress and batch from `state` from now on (called by the engine)."""
+    def bind(
+        self,
+        state: AdaptiveState,
+        *,
+        batch_unit: int,
+        base_batch_size: int,
+        scale: LearningRateScale | None = None,
+    ) -> None:
+        """Reads gain, progress and batch from `state` from now on (called by the engine),
+        and multiplies the base rate by `scale` (the callbacks' multiplier) if given."""
         self._state = state
+        self._scale = scale
         self._batch_unit = batch_unit
         self._base_batch_size = base_batch_size
+
+    @property
+    def scale(self) -> LearningRateScale | None:
+        """The base rate's multiplier (None until an engine binds the schedule)."""
+        return self._scale
+
+    def base_rate(self) -> float:
+        """The base learning rate in effect (host code): base(floor(tau)) x the multiplier.
+
+        What Keras's learning-rate callbacks read and set under `attach`: the rate for
+        the base batch, before the rule's factor (the AdaScale gain) multiplies it.
+        Unbound, the base schedule at step 0.
+
+        >>> AdaptiveLearningRate(0.1).base_rate()
+        0.1
+        """
+        progress = 0.0 if self._state is None else float(self._state.progress.numpy())
+        base = float(self.base_learning_rate(tf.floor(tf.constant(progress, tf.float64))))
+        scale = 1.0 if self._scale is None else float(self._scale.scale.numpy())
+        return base * scale
+
+    def set_base_rate(self, value: float) -> None:
+        """Sets the base learning rate in effect to `value` (host code; bound schedules only).
+
+        The multiplier becomes `value / base(floor(tau))`: with a constant base the base
+        rate is `value` from now on; with a base schedule, the whole schedule is scaled
+        by that ratio (it goes on decaying from the new level). The rule's factor still
+        multiplies it at every step.
+
+        Raises:
+          ValueError: `value` is not a positive, finite number, or the schedule is not
+            bound to an engine (`attach` or `Trainer` binds it).
+        """
+        if not is_real(value) or not 0 < float(value) < math.inf:
+            raise ValueError(
+                "The base learning rate must be a positive, finite number. "
+                f"Received: learning_rate={value!r}"
+            )
+        if self._scale is None or self._state is None:
+            raise ValueError(
+                "This AdaptiveLearningRate is not bound to an engine yet: pass its optimizer "
+                "to `tf_adabatch.attach` (after `compile`) or `tf_adabatch.Trainer` first. "
+                f"Received: set_base_rate({value!r}) on an unbound schedule"
+            )
+        progress = tf.floor(self._state.progress.read_value())
+        base = float(self.base_learning_rate(progress))
+        if not base > 0:
+            raise ValueError(
+                "Cannot set the base learning rate where the base schedule is 0 "
+                f"(at progress {float(progress)}). Received: learning_rate={value!r}"
+            )
+        self._scale.scale.assign(float(value) / base)
 
     def base_learning_rate(self, step: tf.Tensor) -> tf.Tensor:
         """The base schedule at base-batch step `step` (float32)."""
@@ -150,8 +242,10 @@ class AdaptiveLearningRate(LearningRateSchedule):
         batch = tf.cast(state.accumulation_steps, tf.float64) * self._batch_unit
         scale = batch / self._base_batch_size
         factor = self.factor(state.gain.read_value(), scale, progress)
-        base = self.base_learning_rate(tf.floor(progress))
-        return tf.cast(tf.cast(base, tf.float64) * factor, tf.float32)
+        base = tf.cast(self.base_learning_rate(tf.floor(progress)), tf.float64)
+        if self._scale is not None:
+            base = base * self._scale.scale.read_value()
+        return tf.cast(base * factor, tf.float32)
 
     def get_config(self) -> dict[str, Any]:
         base = self.base

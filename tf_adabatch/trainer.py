@@ -19,6 +19,7 @@ from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
 from tf_adabatch._checks import integer
 from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.keras_fit import track_adaptive_state
 from tf_adabatch.options import EngineOptions, resolve_options
 from tf_adabatch.state import AdaptiveState
 
@@ -93,6 +94,8 @@ class Trainer:
             strategy=strategy,
             **options,
         )
+        # Keras's saves of the model carry the adaptive state, as under `attach`.
+        track_adaptive_state(model, self.engine)
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._eval_fn: Any = None
@@ -465,8 +468,12 @@ class Trainer:
         """
         parts = self._checkpoint_parts()
         saved = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
-        if "carried" in parts and "carried" not in saved:
-            del parts["carried"]
+        # Parts a file may lack: "carried" (see above) and "lr", the base rate's
+        # multiplier, which files written before it existed lack (it stays at 1).
+        missing = [name for name in ("carried", "lr") if name in parts and name not in saved]
+        if missing:
+            for name in missing:
+                del parts[name]
             return tf.train.Checkpoint(**parts).restore(path)
         return self.checkpoint.restore(path)
 
