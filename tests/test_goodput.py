@@ -222,7 +222,7 @@ def test_explores_until_the_throughput_model_is_ready_and_nan_changes_nothing() 
 def test_goodput_policy_validates_its_arguments() -> None:
     with pytest.raises(TypeError, match="`throughput` must be"):
         GoodputPolicy("fast", initial_batch_size=32, min_batch_size=32, max_batch_size=64)
-    with pytest.raises(ValueError, match="`hysteresis` must be >= 0"):
+    with pytest.raises(ValueError, match="`hysteresis` must be a finite number >= 0"):
         GoodputPolicy(
             ThroughputModel(),
             initial_batch_size=32,

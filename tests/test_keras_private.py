@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_adabatch
@@ -282,6 +283,7 @@ _PRIVATE_KERAS = re.compile(
     r"|\._loss_tracker|\._symbolic_build|\._maybe_symbolic_build|\._get_iterator"
     r"|\._enumerate_iterator|\._num_batches|\.data_adapter|def _obj_type|KerasSaveable"
     r"|LossFunctionWrapper|global_state|unscale_loss_for_distribution|get_metric\("
+    r"|_reduce_optimizer_lr|_update_optimizer_lr|_estimate_step_duration"
 )
 
 
@@ -332,3 +334,65 @@ def test_preemption_handler_pieces_the_preemption_watch_relies_on(tmp_path) -> N
     handler.__del__()
     assert not pollers[0].is_alive()
     assert not list(tmp_path.iterdir())  # it wrote nothing
+
+
+def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_private_methods() -> (
+    None
+):
+    """`ReduceLROnPlateau` and `LearningRateScheduler` read and set the learning rate in
+    `_reduce_optimizer_lr` / `_update_optimizer_lr`, given `model.optimizer`: redirected
+    there, a float-rate optimizer's rate is untouched and the target's changes."""
+    from tf_adabatch._keras_seams import (
+        RedirectedLearningRateScheduler,
+        RedirectedReduceLROnPlateau,
+        redirecting_subclass,
+    )
+
+    class Target:
+        learning_rate = 0.4
+
+    target = Target()
+
+    def redirect(callback):
+        callback.lr_target = lambda optimizer: target
+        return callback
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.zeros((8, 1), "float32")
+    reduce = redirect(
+        RedirectedReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
+    )
+    scheduler = redirect(RedirectedLearningRateScheduler(lambda epoch, lr: lr + 1.0))
+    model.fit(x, x, epochs=2, verbose=0, callbacks=[reduce, scheduler])
+    # Two epochs: the scheduler adds 1 at each start, the plateau halves after epoch 2.
+    assert target.learning_rate == pytest.approx(((0.4 + 1.0) + 1.0) * 0.5)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+
+    class Users(keras.callbacks.ReduceLROnPlateau):
+        pass
+
+    users = redirecting_subclass(Users, lambda optimizer: target)(
+        monitor="loss", factor=0.5, patience=0, min_delta=1e9
+    )
+    target.learning_rate = 0.4
+    model.fit(x, x, epochs=2, verbose=0, callbacks=[users])
+    assert target.learning_rate == pytest.approx(0.2)
+
+
+def test_progbar_takes_its_time_per_unit_from_the_private_estimate_and_formats_counts(
+    capsys,
+) -> None:
+    """`Progbar.update` prints the time per unit `_estimate_step_duration` returns (the
+    ETA is built on it), and formats a stateful value as `value / 1` with `.4f` (which
+    the trainer's whole-number count overrides)."""
+    from tf_adabatch._keras_seams import StepTimedProgbar
+    from tf_adabatch.trainer import _Whole
+
+    bar = StepTimedProgbar(100, stateful_metrics=["step"], unit_name="base step", interval=0)
+    bar.timed_from = (0.0, 0.0)
+    bar._estimate_step_duration = lambda current, now: 7.0  # seconds per base step
+    bar.update(10, [("step", _Whole(279.0))])
+    line = capsys.readouterr().out
+    assert "7s/base step" in line and "10:30" in line  # ETA 7 s x 90 = 10 min 30 s
+    assert "step: 279" in line and "279.0000" not in line

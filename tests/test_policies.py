@@ -148,11 +148,14 @@ def test_bounds_must_be_reachable_with_the_replicas_and_micro_batch() -> None:
 
 
 def test_noise_scale_policy_and_progress_budget_bad_arguments() -> None:
-    with pytest.raises(ValueError, match=r"Argument `factor` must be > 0. Received: factor=0.0"):
+    with pytest.raises(
+        ValueError, match=r"Argument `factor` must be a finite number > 0. Received: factor=0.0"
+    ):
         tf_adabatch.NoiseScalePolicy(
             0.0, initial_batch_size=32, min_batch_size=32, max_batch_size=64
         )
     with pytest.raises(
-        ValueError, match=r"Argument `base_steps` must be > 0. Received: base_steps=0"
+        ValueError,
+        match=r"Argument `base_steps` must be a finite number > 0. Received: base_steps=0",
     ):
         tf_adabatch.ProgressBudget(0)

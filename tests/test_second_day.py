@@ -252,3 +252,92 @@ def test_an_unbuilt_subclassed_model_is_refused_with_what_to_do_then_trains() ->
     model.fit(x, y, batch_size=M, epochs=1, verbose=0)
     assert int(engine.state.steps.numpy()) == 16
     assert any(not np.array_equal(a, b) for a, b in zip(before, weights(model), strict=True))
+
+
+# ------------------------------------------------------------------ one line per mistake
+
+
+def _model() -> keras.Model:
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+
+def _trainer(**kwargs) -> tf_adabatch.Trainer:
+    kwargs.setdefault("optimizer", keras.optimizers.SGD(0.1))
+    model = kwargs.pop("model", None) or _model()
+    return tf_adabatch.Trainer(model, loss="mse", micro_batch_size=4, **kwargs)
+
+
+_BOUNDS = {"initial_batch_size": 8, "min_batch_size": 8, "max_batch_size": 64}
+
+# (call, the message's start): each names the argument, the rule and the value.
+BAD_CALLS = {
+    "policy_string": (
+        lambda: _trainer(policy="static"),
+        "Argument `policy` must be a `tf_adabatch.BatchPolicy`",
+    ),
+    "optimizer_none": (lambda: _trainer(optimizer=None), "Argument `optimizer` must be a Keras"),
+    "optimizer_name": (lambda: _trainer(optimizer="sgd"), "Argument `optimizer` must be a Keras"),
+    "strategy_name": (
+        lambda: _trainer(strategy="mirrored"),
+        "Argument `strategy` must be a `tf.distribute.Strategy`",
+    ),
+    "model_string": (lambda: _trainer(model="model"), "Argument `model` must be a `keras.Model`"),
+    "attach_string": (
+        lambda: tf_adabatch.attach("model", micro_batch_size=4),
+        "Argument `model` must be a `keras.Model`",
+    ),
+    "ema_decay": (lambda: _trainer(ema_decay="x"), "Argument `ema_decay` must be a number"),
+    "min_variance": (
+        lambda: _trainer(min_variance="x"),
+        "Argument `min_variance` must be a finite number",
+    ),
+    "jit_compile": (lambda: _trainer(jit_compile="yes"), "Argument `jit_compile` must be True"),
+    "target_string": (
+        lambda: tf_adabatch.SimiGradPolicy("0.5", **_BOUNDS),
+        "Argument `target_similarity` must be in (0, 1)",
+    ),
+    "noise_inf": (
+        lambda: tf_adabatch.NoiseScalePolicy(float("inf"), **_BOUNDS),
+        "Argument `factor` must be a finite number > 0",
+    ),
+    "hysteresis": (
+        lambda: tf_adabatch.GoodputPolicy(hysteresis="x", **_BOUNDS),
+        "Argument `hysteresis` must be a finite number >= 0",
+    ),
+    "budget_string": (
+        lambda: tf_adabatch.ProgressBudget("10"),
+        "Argument `base_steps` must be a finite number > 0",
+    ),
+    "budget_inf": (
+        lambda: tf_adabatch.ProgressBudget(float("inf")),
+        "Argument `base_steps` must be a finite number > 0",
+    ),
+    "log_dir": (lambda: tf_adabatch.AdaBatchTensorBoard(3), "Argument `log_dir` must be a path"),
+    "fit_none": (lambda: _trainer().fit(None, steps=1), "Argument `dataset` must be a"),
+    "fit_numpy": (
+        lambda: _trainer().fit(np.ones((8, 3), "float32"), steps=1),
+        "Argument `dataset` must be a",
+    ),
+    "fit_progress": (
+        lambda: _trainer().fit(
+            tf.data.Dataset.from_tensor_slices((np.ones((8, 3), "float32"),)).batch(4),
+            until_progress="x",
+        ),
+        "Argument `until_progress` must be a number >= 0",
+    ),
+    "evaluate_none": (lambda: _trainer().evaluate(None), "Argument `dataset` must be a finite"),
+    "lr_inf": (
+        lambda: tf_adabatch.AdaptiveLearningRate(float("inf")),
+        "Argument `base` must be a positive, finite float",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_a_wrong_argument_is_one_value_error_naming_it(case: str) -> None:
+    call, start = BAD_CALLS[case]
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(start), message
+    assert "Received: " in message and "\n" not in message

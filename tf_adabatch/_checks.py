@@ -15,6 +15,7 @@ ValueError: Argument `steps` must be a non-negative integer. Received: steps=Tru
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 
 def integer(name: str, value: object, *, minimum: int = 1) -> int:
@@ -34,3 +35,20 @@ def is_real(value: object) -> bool:
     (True, False, False)
     """
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def real(name: str, value: object, rule: str, ok: Callable[[float], bool]) -> float:
+    """`value` as a float if it is a real number (not a bool) and `ok(value)`, else a
+    ValueError naming the argument, the `rule` and the value received.
+
+    >>> import math
+    >>> real("factor", 2, "a finite number > 0", lambda v: 0 < v < math.inf)
+    2.0
+    >>> real("factor", float("inf"), "a finite number > 0", lambda v: 0 < v < math.inf)
+    Traceback (most recent call last):
+    ...
+    ValueError: Argument `factor` must be a finite number > 0. Received: factor=inf
+    """
+    if not is_real(value) or not ok(float(value)):  # type: ignore[arg-type]
+        raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={value!r}")
+    return float(value)  # type: ignore[arg-type]

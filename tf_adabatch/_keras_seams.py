@@ -28,13 +28,17 @@ from keras.src.trainers.compile_utils import get_metric
 
 __all__ = [
     "AllReduceBypass",
+    "RedirectedLearningRateScheduler",
+    "RedirectedReduceLROnPlateau",
     "Saveable",
+    "StepTimedProgbar",
     "added_losses",
     "epoch_data_adapter",
     "install_fit_hooks",
     "learning_rate_schedule",
     "new_epoch_iterator",
     "optimizer_chain",
+    "redirecting_subclass",
     "reducing_loss",
     "register_saveable_type",
     "replace_epoch_enumeration",
@@ -268,3 +272,75 @@ def register_saveable_type(obj_type: str) -> None:
     key = f"saving_attr_skiplist_{obj_type}"
     if global_state.get_global_attribute(key, None) is None:
         global_state.set_global_attribute(key, set())
+
+
+# ------------------------------------------------------- learning-rate callbacks
+
+
+class RedirectedReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+    """Keras's `ReduceLROnPlateau`, reading and setting `lr_target(optimizer).learning_rate`.
+
+    Relies on: Keras reaches the optimizer's learning rate only in
+    `_reduce_optimizer_lr(optimizer, epoch, name)`, called with `model.optimizer`.
+    """
+
+    def lr_target(self, optimizer: Any) -> Any:
+        """What to read and set `learning_rate` on (default: the optimizer)."""
+        return optimizer
+
+    def _reduce_optimizer_lr(self, optimizer: Any, epoch: int, name: str = "") -> bool:
+        return bool(super()._reduce_optimizer_lr(self.lr_target(optimizer), epoch, name))
+
+
+class RedirectedLearningRateScheduler(keras.callbacks.LearningRateScheduler):
+    """Keras's `LearningRateScheduler`, reading and setting `lr_target(optimizer).learning_rate`.
+
+    Relies on: Keras reaches the optimizer's learning rate only in
+    `_update_optimizer_lr(optimizer, epoch)`, called with `model.optimizer`.
+    """
+
+    def lr_target(self, optimizer: Any) -> Any:
+        """What to read and set `learning_rate` on (default: the optimizer)."""
+        return optimizer
+
+    def _update_optimizer_lr(self, optimizer: Any, epoch: int) -> Any:
+        return super()._update_optimizer_lr(self.lr_target(optimizer), epoch)
+
+
+def redirecting_subclass(cls: Any, lr_target: Callable[[Any], Any]) -> type | None:
+    """A subclass of `cls` (a user's subclass of Keras's `ReduceLROnPlateau` or
+    `LearningRateScheduler`) whose learning-rate access goes to `lr_target(optimizer)`;
+    None if `cls` is neither (same reliance as the Redirected classes)."""
+    attrs: dict[str, Any] = {}
+    if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
+
+        def reduce(self: Any, optimizer: Any, epoch: int, name: str = "") -> bool:
+            return bool(cls._reduce_optimizer_lr(self, lr_target(optimizer), epoch, name))
+
+        attrs["_reduce_optimizer_lr"] = reduce
+    if issubclass(cls, keras.callbacks.LearningRateScheduler):
+
+        def update(self: Any, optimizer: Any, epoch: int) -> Any:
+            return cls._update_optimizer_lr(self, lr_target(optimizer), epoch)
+
+        attrs["_update_optimizer_lr"] = update
+    return type(cls.__name__, (cls,), attrs) if attrs else None
+
+
+# ------------------------------------------------------------------ progress bar
+
+
+class StepTimedProgbar(keras.utils.Progbar):
+    """Keras's progress bar whose time per unit is measured from `timed_from` on.
+
+    Relies on: `Progbar.update` takes its time per unit (shown, and behind the ETA)
+    from `_estimate_step_duration(current, now)`.
+    """
+
+    timed_from: tuple[float, float] | None = None  # (current, time) where timing starts
+
+    def _estimate_step_duration(self, current: float, now: float) -> float:
+        start = self.timed_from
+        if start is None or current <= start[0]:
+            return 0.0
+        return (now - start[1]) / (current - start[0])

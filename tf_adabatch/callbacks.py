@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tf_adabatch import summaries
+from tf_adabatch._checks import real
 from tf_adabatch.keras_fit import attached_engine, last_step_logs
 
 __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
@@ -51,7 +52,11 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
-        self.log_dir = log_dir
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(
+                f"Argument `log_dir` must be a path (str or os.PathLike). Received: log_dir={log_dir!r}"
+            )
+        self.log_dir = os.fspath(log_dir)
         self._writer: tf.summary.SummaryWriter | None = None
         self._eval_writer: tf.summary.SummaryWriter | None = None
         self._step = 0
@@ -119,10 +124,7 @@ class ProgressBudget(keras.callbacks.Callback):
 
     def __init__(self, base_steps: float) -> None:
         super().__init__()
-        if not base_steps > 0:
-            raise ValueError(
-                f"Argument `base_steps` must be > 0. Received: base_steps={base_steps!r}"
-            )
+        real("base_steps", base_steps, "a finite number > 0", lambda v: 0 < v < math.inf)
         self.base_steps = base_steps
 
     @classmethod

@@ -57,7 +57,7 @@ from tf_adabatch.measure import (
     micro_scalars,
     min_accumulation_steps,
 )
-from tf_adabatch.options import EngineOptions, resolve_options
+from tf_adabatch.options import EngineOptions, check_objects, resolve_options
 from tf_adabatch.policies import GoodputPolicy, StaticPolicy, StepStats
 from tf_adabatch.rollback import StepRollback
 from tf_adabatch.schedules import AdaptiveLearningRate, LearningRateScale
@@ -226,6 +226,7 @@ class AdaptiveEngine:
         similarity, ema_decay = opts["similarity"], opts["ema_decay"]
         min_variance, jit_compile = opts["min_variance"], opts["jit_compile"]
         max_consecutive_skips = opts["max_consecutive_skips"]
+        check_objects(model, optimizer, strategy)
         self.strategy = strategy or tf.distribute.get_strategy()
         unsupported = tuple(
             getattr(tf.distribute.experimental, name)
@@ -255,15 +256,7 @@ class AdaptiveEngine:
                 f"Received: similarity={similarity!r}"
             )
         self.similarity_mode = similarity
-        if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
-            raise ValueError(
-                f"Argument `ema_decay` must be in [0, 1) or None. Received: ema_decay={ema_decay!r}"
-            )
-        self.ema_decay = ema_decay
-        if not min_variance >= 0.0:
-            raise ValueError(
-                f"Argument `min_variance` must be >= 0. Received: min_variance={min_variance!r}"
-            )
+        self.ema_decay = ema_decay  # checked by `resolve_options`, as min_variance
         self.min_variance = min_variance
         if getattr(optimizer, "loss_scale_factor", None):
             raise ValueError(

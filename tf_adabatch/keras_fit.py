@@ -87,6 +87,8 @@ def attach(
     ([16.0, 16.0], 10)
     """
     resolve_options(options, caller="attach")
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Argument `model` must be a `keras.Model`. Received: model={model!r}")
     if getattr(model, "_adabatch_engine", None) is not None:
         raise ValueError(
             "Argument `model` is attached to tf_adabatch already; attach a model once. "

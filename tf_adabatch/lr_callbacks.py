@@ -16,8 +16,10 @@ Keras's on an optimizer without an `AdaptiveLearningRate`. Under `tf_adabatch.at
 `model.fit` also redirects Keras's own instances of these classes for the duration of
 the call (`redirected`), so a Keras script needs no change.
 
-Keras reaches the optimizer in these classes' private methods `_reduce_optimizer_lr`
-and `_update_optimizer_lr` (pinned by tests/test_keras_private.py).
+Keras reaches the optimizer in private methods of these classes: the seams
+`RedirectedReduceLROnPlateau`, `RedirectedLearningRateScheduler` and
+`redirecting_subclass` of `tf_adabatch._keras_seams` (pinned by
+tests/test_keras_private.py).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def base_rate_view(optimizer: Any) -> Any:
     return optimizer
 
 
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+class ReduceLROnPlateau(seams.RedirectedReduceLROnPlateau):
     """Keras's `ReduceLROnPlateau`, reducing the base rate of an `AdaptiveLearningRate`.
 
     Same arguments and behaviour as Keras's; on a plateau the base rate (the rate for
@@ -87,11 +89,11 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     0.025
     """
 
-    def _reduce_optimizer_lr(self, optimizer: Any, epoch: int, name: str = "") -> bool:
-        return bool(super()._reduce_optimizer_lr(base_rate_view(optimizer), epoch, name))
+    def lr_target(self, optimizer: Any) -> Any:
+        return base_rate_view(optimizer)
 
 
-class LearningRateScheduler(keras.callbacks.LearningRateScheduler):
+class LearningRateScheduler(seams.RedirectedLearningRateScheduler):
     """Keras's `LearningRateScheduler`, setting the base rate of an `AdaptiveLearningRate`.
 
     Same arguments as Keras's: at each epoch's start `schedule(epoch, base_rate)` gives
@@ -114,8 +116,8 @@ class LearningRateScheduler(keras.callbacks.LearningRateScheduler):
     0.025
     """
 
-    def _update_optimizer_lr(self, optimizer: Any, epoch: int) -> Any:
-        return super()._update_optimizer_lr(base_rate_view(optimizer), epoch)
+    def lr_target(self, optimizer: Any) -> Any:
+        return base_rate_view(optimizer)
 
 
 # Keras's class -> ours (a subclass that only redirects the learning-rate access).
@@ -161,20 +163,7 @@ def _redirecting_class(cls: Any) -> type | None:
     if issubclass(cls, tuple(_REDIRECTS.values())):
         return None  # ours, or a subclass of ours: redirects already
     if cls not in _SUBCLASSES:
-        attrs: dict[str, Any] = {}
-        if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
-
-            def reduce(self: Any, optimizer: Any, epoch: int, name: str = "") -> bool:
-                return bool(cls._reduce_optimizer_lr(self, base_rate_view(optimizer), epoch, name))
-
-            attrs["_reduce_optimizer_lr"] = reduce
-        if issubclass(cls, keras.callbacks.LearningRateScheduler):
-
-            def update(self: Any, optimizer: Any, epoch: int) -> Any:
-                return cls._update_optimizer_lr(self, base_rate_view(optimizer), epoch)
-
-            attrs["_update_optimizer_lr"] = update
-        _SUBCLASSES[cls] = type(cls.__name__, (cls,), attrs) if attrs else None
+        _SUBCLASSES[cls] = seams.redirecting_subclass(cls, base_rate_view)
     return _SUBCLASSES[cls]
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # typing_extensions comes with TensorFlow; `Required` for Python 3.10.
 from typing_extensions import Required, TypedDict
 
+from tf_adabatch._checks import is_real
 from tf_adabatch.policies import BatchPolicy
 
-__all__ = ["EngineOptions", "resolve_options"]
+__all__ = ["EngineOptions", "check_objects", "resolve_options"]
 
 
 class EngineOptions(TypedDict, total=False):
@@ -80,4 +82,58 @@ def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str
             )
     if "micro_batch_size" not in options:
         raise TypeError(f"{caller}() missing required keyword argument: 'micro_batch_size'")
-    return {**_OPTION_DEFAULTS, **options}
+    resolved = {**_OPTION_DEFAULTS, **options}
+    _check_values(resolved)
+    return resolved
+
+
+def _check_values(options: dict[str, Any]) -> None:
+    """The options' types and ranges that need no model or strategy (ValueError, Keras's
+    message shape: argument, rule, value received)."""
+
+    def refuse(name: str, rule: str) -> None:
+        raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={options[name]!r}")
+
+    policy = options["policy"]
+    if policy is not None and not isinstance(policy, BatchPolicy):
+        refuse(
+            "policy",
+            "a `tf_adabatch.BatchPolicy` (e.g. `tf_adabatch.StaticPolicy(64)`, "
+            "`SimiGradPolicy(...)`) or None",
+        )
+    decay = options["ema_decay"]
+    if decay is not None and not (is_real(decay) and 0.0 <= float(decay) < 1.0):
+        refuse("ema_decay", "a number in [0, 1) or None")
+    if not (is_real(options["min_variance"]) and 0.0 <= float(options["min_variance"]) < math.inf):
+        refuse("min_variance", "a finite number >= 0")
+    if not isinstance(options["jit_compile"], bool):
+        refuse("jit_compile", "True or False")
+
+
+def check_objects(
+    model: Any, optimizer: Any, strategy: Any, *, optimizer_argument: str = "optimizer"
+) -> None:
+    """The front doors' objects are what they must be (ValueError naming the argument).
+
+    >>> check_objects("model", None, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: Argument `model` must be a `keras.Model`. Received: model='model'
+    """
+    import keras
+    import tensorflow as tf
+
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Argument `model` must be a `keras.Model`. Received: model={model!r}")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            f"Argument `{optimizer_argument}` must be a Keras optimizer instance created in "
+            "the strategy's scope (e.g. `keras.optimizers.SGD(...)`; a name such as 'sgd' "
+            f"is not enough). Received: {optimizer_argument}={optimizer!r}"
+        )
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(
+            "Argument `strategy` must be a `tf.distribute.Strategy` instance (e.g. "
+            "`tf.distribute.MirroredStrategy()`) or None for the current one. "
+            f"Received: strategy={strategy!r}"
+        )

@@ -10,12 +10,13 @@ it never retraces the step.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import tensorflow as tf
 
-from tf_adabatch._checks import integer
+from tf_adabatch._checks import integer, real
 from tf_adabatch.stats import adascale_gain
 from tf_adabatch.throughput import ThroughputModel
 
@@ -247,18 +248,11 @@ class SimiGradPolicy(_BoundedPolicy):
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
         )
-        if not 0.0 < target_similarity < 1.0:
-            raise ValueError(
-                "Argument `target_similarity` must be in (0, 1). "
-                f"Received: target_similarity={target_similarity!r}"
-            )
-        if not 0.0 < step <= 1.0:
-            raise ValueError(f"Argument `step` must be in (0, 1]. Received: step={step!r}")
+        real("target_similarity", target_similarity, "in (0, 1)", lambda v: 0.0 < v < 1.0)
+        real("step", step, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
         interval = integer("interval", interval)
-        if smoothing is not None and not 0.0 <= smoothing < 1.0:
-            raise ValueError(
-                f"Argument `smoothing` must be None or in [0, 1). Received: smoothing={smoothing!r}"
-            )
+        if smoothing is not None:
+            real("smoothing", smoothing, "None or in [0, 1)", lambda v: 0 <= v < 1)
         self.target_similarity = target_similarity
         self.step = step
         self.interval = interval
@@ -340,8 +334,7 @@ class NoiseScalePolicy(_BoundedPolicy):
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
         )
-        if not factor > 0:
-            raise ValueError(f"Argument `factor` must be > 0. Received: factor={factor!r}")
+        real("factor", factor, "a finite number > 0", lambda v: 0 < v < math.inf)
         self.factor = factor
 
     def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
@@ -458,10 +451,7 @@ class GoodputPolicy(_BoundedPolicy):
             )
         if base_batch_size is not None:
             base_batch_size = integer("base_batch_size", base_batch_size)
-        if not hysteresis >= 0.0:
-            raise ValueError(
-                f"Argument `hysteresis` must be >= 0. Received: hysteresis={hysteresis!r}"
-            )
+        real("hysteresis", hysteresis, "a finite number >= 0", lambda v: 0 <= v < math.inf)
         self.throughput = throughput
         self.base_batch_size = base_batch_size or initial_batch_size
         self.hysteresis = hysteresis

@@ -112,7 +112,9 @@ def write_step(
       writer: the train run's writer.
       step: the x-axis value (optimizer steps, skipped ones included).
       logs: the step's logs (`AdaptiveEngine.train_step`); the names of
-        `ADABATCH_SCALARS` and "loss" are written, the others ignored.
+        `ADABATCH_SCALARS` and "loss" are written, the others ignored. An infinite
+        value (the noise scale before any signal) is written as NaN: TensorBoard
+        leaves a gap for NaN, while one infinite point blanks its whole chart.
       policy: the batch-size policy; if given, its `policy_scalars` are written too,
         so that its bounds and target draw as lines beside the batch size and the
         similarity.
@@ -120,8 +122,12 @@ def write_step(
     Example:
 
     >>> import tempfile
-    >>> writer = tf.summary.create_file_writer(tempfile.mkdtemp())
-    >>> write_step(writer, 1, {"loss": 0.5, "gain": 1.2})
+    >>> logdir = tempfile.mkdtemp()
+    >>> writer = tf.summary.create_file_writer(logdir)
+    >>> write_step(writer, 1, {"loss": 0.5, "gain": 1.2, "noise_scale": float("inf")})
+    >>> writer.flush()
+    >>> read_scalars(logdir)["adabatch/noise_scale"]  # a gap in TensorBoard, not inf
+    [(1, nan)]
     """
     tags, values = [], []
     for name in ADABATCH_SCALARS:
@@ -136,9 +142,11 @@ def write_step(
         values.append(float(logs["loss"]))
     with writer.as_default():  # (without a default writer nothing is recorded)
         record = tf.summary.should_record_summaries()  # the caller's `tf.summary.record_if`
-    _scalar_writer(writer, tuple(tags))(
-        np.int64(step), np.asarray(values, np.float64).reshape(len(tags)), record
-    )
+    array = np.asarray(values, np.float64).reshape(len(tags))
+    # TensorBoard cannot draw an infinite point (the first noise scale, before any
+    # gradient signal, is +inf): its whole chart stayed empty. NaN is a gap there.
+    array[np.isinf(array)] = np.nan
+    _scalar_writer(writer, tuple(tags))(np.int64(step), array, record)
 
 
 # writer -> {tags: compiled write}; weak, so that a closed writer's functions go with it.

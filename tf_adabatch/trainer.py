@@ -6,6 +6,7 @@ runs in the engine's `tf.function`.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +18,10 @@ from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
-from tf_adabatch._checks import integer
+from tf_adabatch._checks import integer, real
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.keras_fit import track_adaptive_state
-from tf_adabatch.options import EngineOptions, resolve_options
+from tf_adabatch.options import EngineOptions, check_objects, resolve_options
 from tf_adabatch.state import AdaptiveState
 
 __all__ = ["Trainer"]
@@ -79,6 +80,7 @@ class Trainer:
         **options: Unpack[EngineOptions],
     ) -> None:
         resolve_options(options, caller="Trainer")
+        check_objects(model, optimizer, strategy)
         strategy = strategy or tf.distribute.get_strategy()
         for v in model.trainable_variables:
             if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
@@ -174,7 +176,16 @@ class Trainer:
                 return ds.map(check)
 
             return strategy.distribute_datasets_from_function(checked_fn)
-        return dataset
+        if isinstance(dataset, tf.distribute.DistributedDataset):
+            return dataset
+        raise ValueError(
+            "Argument `dataset` must be a `tf.data.Dataset` batched with the global "
+            "micro-batch, a function `input_context -> tf.data.Dataset`, a distributed "
+            "dataset, or (to `fit`) an iterator over one; for numpy arrays use "
+            "`tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(replicas x "
+            "micro_batch_size, drop_remainder=True)`. Received: dataset of type "
+            f"{type(dataset).__name__}"
+        )
 
     def fit(
         self,
@@ -227,10 +238,8 @@ class Trainer:
             )
         if steps is not None:
             steps = integer("steps", steps, minimum=0)
-        if until_progress is not None and not until_progress >= 0:
-            raise ValueError(
-                f"Argument `until_progress` must be >= 0. Received: until_progress={until_progress!r}"
-            )
+        if until_progress is not None:
+            real("until_progress", until_progress, "a number >= 0", lambda v: v >= 0)
         iterator = dataset if hasattr(dataset, "__next__") else iter(self.distribute(dataset))
         writer = self._writer(summary_dir)
         # Without a step count the bar runs on progress tau towards the budget.
@@ -240,7 +249,7 @@ class Trainer:
         if verbose:
             target = until_progress if by_progress else steps
             unit = "base step" if by_progress else "step"
-            progbar = keras.utils.Progbar(target, stateful_metrics=shown, unit_name=unit)
+            progbar = _TrainingBar(target, stateful_metrics=shown, unit_name=unit)
         history: dict[str, list[float]] = {}
         model = self.engine.model
         hooks = keras.callbacks.CallbackList(callbacks, model=model)
@@ -278,8 +287,14 @@ class Trainer:
                 current: float = done
                 if by_progress and until_progress is not None:
                     current = min(values["progress"], until_progress)
-                progbar.update(current, [(name, values[name]) for name in shown])
+                shown_values = [
+                    (name, _Whole(values[name]) if name == "step" else values[name])
+                    for name in shown
+                ]
+                progbar.step_done(current, shown_values)
             hooks.on_train_batch_end(done - 1, values)
+        if progbar is not None:
+            progbar.close()
         hooks.on_train_end({name: v[-1] for name, v in history.items()} if history else {})
         if writer is not None:
             writer.flush()
@@ -339,8 +354,14 @@ class Trainer:
         model = engine.model
         if isinstance(dataset, tf.data.Dataset):
             dist = strategy.experimental_distribute_dataset(dataset)
-        else:
+        elif callable(dataset):
             dist = strategy.distribute_datasets_from_function(dataset)
+        else:
+            raise ValueError(
+                "Argument `dataset` must be a finite `tf.data.Dataset` of global batches or "
+                "a function `input_context -> tf.data.Dataset`. Received: dataset of type "
+                f"{type(dataset).__name__}"
+            )
         iterator = iter(dist)
         optional = iterator.get_next_as_optional()
         if not optional.has_value():
@@ -431,10 +452,21 @@ class Trainer:
     def checkpoint(self) -> tf.train.Checkpoint:
         """A `tf.train.Checkpoint` of the model, the optimizer and the adaptive state."""
         if self._checkpoint is None:
-            self._checkpoint = tf.train.Checkpoint(**self._checkpoint_parts())
+            self._checkpoint = tf.train.Checkpoint(**self.checkpoint_parts())
         return self._checkpoint
 
-    def _checkpoint_parts(self) -> dict[str, Any]:
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """What `checkpoint` holds, by name: model, optimizer and the adaptive state's parts
+        ("adabatch", "policy", and where present "carried" and "lr"), to save beside
+        objects of your own (`tf.train.Checkpoint(**trainer.checkpoint_parts(), extra=...)`).
+
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> trainer = Trainer(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                   micro_batch_size=4, policy=tf_adabatch.StaticPolicy(8),
+        ...                   similarity="exact")
+        >>> sorted(trainer.checkpoint_parts())
+        ['adabatch', 'model', 'optimizer', 'policy']
+        """
         # The adaptive state's parts; "state" is saved as "adabatch" (the name
         # checkpoints have used since the first release).
         parts = {
@@ -466,7 +498,7 @@ class Trainer:
         >>> trainer.restore(path).assert_existing_objects_matched() is not None
         True
         """
-        parts = self._checkpoint_parts()
+        parts = self.checkpoint_parts()
         saved = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
         # Parts a file may lack: "carried" (see above) and "lr", the base rate's
         # multiplier, which files written before it existed lack (it stays at 1).
@@ -528,6 +560,49 @@ class Trainer:
 
 
 # ------------------------------------------------------------- evaluate's helpers
+
+
+class _Whole(float):
+    """A count that Keras's progress bar prints as a whole number ("step: 279", not
+    "step: 279.0000"): the bar divides a stateful value by 1 and formats it with
+    `.4f`; both keep the count whole here (pinned by tests/test_keras_private.py)."""
+
+    def __truediv__(self, other: Any) -> _Whole:
+        return _Whole(float(self) / other)
+
+    def __format__(self, spec: str) -> str:
+        return str(int(self))
+
+
+class _TrainingBar(seams.StepTimedProgbar):
+    """Keras's progress bar, timed from the end of the first step.
+
+    The first optimizer step traces the step function (seconds), and on a progress
+    budget the bar counts progress tau, not steps, so Keras's rule for leaving the
+    first step out of the time per unit (`current == 1`) never applies: its first ETA
+    was the trace's time stretched over the whole budget ("3:05:13"). Here the first
+    step is not drawn, and the time per unit is measured from its end.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: tuple[float, list[Any]] | None = None
+
+    def step_done(self, current: float, values: list[Any]) -> None:
+        """After each optimizer step: draws it, except the first (kept for `close`)."""
+        if self.timed_from is None:
+            self.timed_from = (current, time.time())
+            self._pending = (current, values)
+            return
+        self._pending = None
+        self.update(current, values)
+
+    def close(self) -> None:
+        """Draws the first step if it was the only one."""
+        if self._pending is not None:
+            current, values = self._pending
+            self._pending = None
+            self.update(current, values, finalize=True)
 
 
 def _metrics_key(role: str, metrics: Any) -> list[tuple[str, str, int]]:
