@@ -33,6 +33,10 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   train.checkpoint_every_steps, eval_every_base_epochs, eval_batch_size
   train.max_consecutive_skips  stop after this many non-finite steps in a row (None: never;
                             on the command line `--config.train.max_consecutive_skips=None`)
+  train.divergence_factor   no checkpoint while the last step's loss is above the first
+                            checkpoint interval's mean and this many times the best
+                            interval's mean (exploding); a run that ends so exits 3
+                            (None: never)
   train.preemption          SIGTERM (SLURM, Kubernetes, spot VMs) saves a checkpoint at the
                             optimizer step all workers agree on, then launch/train.py exits
                             143 (rerun to resume); False: SIGTERM kills the job as usual
@@ -85,5 +89,6 @@ def get_config() -> config_dict.ConfigDict:
     config.train.eval_every_base_epochs = 1.0
     config.train.eval_batch_size = 1000
     config.train.max_consecutive_skips = config_dict.FieldReference(100, field_type=int)
+    config.train.divergence_factor = config_dict.FieldReference(10.0, field_type=float)
     config.train.preemption = True
     return config

@@ -8,11 +8,16 @@ stop). The config is locked, so a mistyped field is an error that names the clos
 existing one. Rerunning the same command on the same workdir resumes from its newest
 intact checkpoint.
 
-Exit codes: 0 done; 2 bad flag, config, workdir, or checkpoints that cannot be resumed
-(one line on stderr); 3 stopped on `train.max_consecutive_skips` non-finite steps in a
-row; 4 multi-worker: lost a worker; 143 (128 + SIGTERM) preempted: a SIGTERM made every
-worker save a checkpoint at the same optimizer step (one line on stderr; rerun the same
-command to resume; `--config.train.preemption=False` lets SIGTERM kill the job instead).
+Exit codes (each with one line on stderr): 0 done; 2 bad flag, config or workdir, a
+workdir another live run holds, checkpoints that cannot be resumed, or a file of the run
+that cannot be written (disk full, a file-size limit, a read-only folder); 3 diverged:
+stopped on `train.max_consecutive_skips` non-finite steps in a row, or ended with its
+loss exploding, its last steps skipped or a non-finite test loss (the message names the
+checkpoint to go back to); 138 multi-worker: lost a worker; 143 (128 + SIGTERM)
+preempted: a SIGTERM made every worker save a checkpoint at the same optimizer step
+(rerun the same command to resume; `--config.train.preemption=False` lets SIGTERM kill
+the job instead); 130 (128 + SIGINT) Ctrl-C: the same save, then stop; a second Ctrl-C
+quits at once without saving.
 """
 
 from __future__ import annotations
@@ -85,30 +90,42 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the progress bar
     import_tensorflow_quietly()
     from tf_adabatch.app import (
-        PREEMPTED_EXIT_CODE,
         WORKER_LOST_EXIT_CODE,
         ConfigError,
+        Diverged,
         Preempted,
         ResumeError,
         WorkerLostError,
+        WriteError,
         run,
     )
     from tf_adabatch.engine import NonFiniteGradientsError
 
     try:
         run(_CONFIG.value, _WORKDIR.value)
-    except (ConfigError, ResumeError) as err:
+    except (ConfigError, ResumeError, WriteError) as err:
         fail(str(err))
-    except NonFiniteGradientsError as err:
-        # No checkpoint was written while steps were skipped: the last one predates them.
-        print(f"error: {err}", file=sys.stderr)
+    except (NonFiniteGradientsError, Diverged) as err:
+        # No checkpoint was written while steps were skipped or the loss exploded: the
+        # message names the newest one, which predates them.
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(3)
     except WorkerLostError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(WORKER_LOST_EXIT_CODE)
     except Preempted as err:
         print(f"preempted: {err}", file=sys.stderr)
-        sys.exit(PREEMPTED_EXIT_CODE)
+        sys.exit(err.exit_code)
+
+
+def _interrupted() -> NoReturn:
+    """A Ctrl-C outside the run's watch (start-up), or a second one: one line, exit 130."""
+    print(
+        "interrupted: stopped at once; nothing was saved after the newest checkpoint "
+        "(rerun the same command to resume from it)",
+        file=sys.stderr,
+    )
+    sys.exit(130)
 
 
 def _config_file_error(err: BaseException, argv: list[str]) -> str | None:
@@ -182,4 +199,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    try:
+        app.run(main, flags_parser=parse_flags)
+    except KeyboardInterrupt:
+        _interrupted()

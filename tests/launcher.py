@@ -153,4 +153,5 @@ def assert_same_end(
             **full_metrics,
             "wall_time_s": metrics["wall_time_s"],  # timings differ run to run
             "train_seconds": metrics["train_seconds"],
+            "processes": metrics["processes"],  # the resumed run took several
         }

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
 
 G = "tests/test_guarantees.py"
+SD = "tests/test_second_day.py"
+WD = "tests/test_workdir.py"
 CLOSED_FORM = f"{G}::test_statistics_gain_progress_lr_and_similarity_equal_the_closed_form"
 
 
@@ -131,8 +133,8 @@ MUTANTS = [
     Mutant(
         "lr_reads_base_at_optimizer_step",
         "tf_adabatch/schedules.py",
-        "base = self.base_learning_rate(tf.floor(progress))",
-        "base = self.base_learning_rate(tf.cast(state.steps, tf.float64))",
+        "base = tf.cast(self.base_learning_rate(tf.floor(progress)), tf.float64)",
+        "base = tf.cast(self.base_learning_rate(tf.cast(state.steps, tf.float64)), tf.float64)",
         (CLOSED_FORM, "tests/test_schedules.py"),
         "the base schedule is read at floor(tau), not at the optimizer step",
     ),
@@ -456,6 +458,81 @@ MUTANTS = [
         "while False:",
         ("tests/test_trainer_evaluate.py",),
         "sample weights of shape (batch, 1) weigh examples as Keras does",
+    ),
+    # ---------------------------------------------------------------- the second day
+    Mutant(
+        "load_model_skips_the_state",
+        "tf_adabatch/keras_fit.py",
+        "    model.load_weights(filepath)\n    return model, engine",
+        "    return model, engine",
+        (f"{SD}::test_load_model_continues_the_adaptive_state_as_if_never_stopped",),
+        "tf_adabatch.load_model restores the adaptive state saved with the model",
+    ),
+    Mutant(
+        "lr_callbacks_multiplier_ignored",
+        "tf_adabatch/schedules.py",
+        "            base = base * self._scale.scale.read_value()",
+        "            base = base",
+        (f"{SD}::test_reduce_lr_on_plateau_halves_the_base_rate_under_attach",),
+        "Keras's learning-rate callbacks change the rate the optimizer applies",
+    ),
+    Mutant(
+        "workdir_lock_not_taken",
+        "tf_adabatch/app/workdir.py",
+        "            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "            pass",
+        ("tf_adabatch/app/workdir.py",),
+        "a second run on a held workdir is refused",
+    ),
+    Mutant(
+        "run_record_not_restored",
+        "tf_adabatch/app/loop.py",
+        "        record.restore_from(latest)",
+        "        pass",
+        (f"{WD}::test_the_records_accumulate_over_kills",),
+        "train_seconds and the other records accumulate over a run's processes",
+    ),
+    Mutant(
+        "fingerprint_not_recovered_from_checkpoints",
+        "tf_adabatch/app/checkpoints.py",
+        "        stored, readable = _fingerprint_in_checkpoints(directory)",
+        "        stored, readable = None, False",
+        (
+            "tests/test_checkpoints.py::test_a_lost_fingerprint_file_is_recovered_from_the_checkpoint",
+        ),
+        "a deleted fingerprint.json does not let another seed resume",
+    ),
+    Mutant(
+        "diverged_checkpoint_kept",
+        "tf_adabatch/app/records.py",
+        "            if self.exploding():\n                self._aside(pending)",
+        "            if False:\n                self._aside(pending)",
+        (f"{WD}::test_a_resume_that_diverges_leaves_the_good_checkpoint_for_a_sane_rerun",),
+        "a checkpoint whose weights' loss exploded is not the one a rerun resumes from",
+    ),
+    Mutant(
+        "skipping_run_ends_as_success",
+        "tf_adabatch/app/loop.py",
+        "    elif consecutive:",
+        "    elif False:",
+        (f"{WD}::test_a_run_whose_steps_are_all_skipped_does_not_end_as_a_success",),
+        "a run that ends skipping every step is not a success",
+    ),
+    Mutant(
+        "ctrl_c_not_handled",
+        "tf_adabatch/app/preemption.py",
+        "_SIGNALS = (signal.SIGTERM, signal.SIGINT)",
+        "_SIGNALS = (signal.SIGTERM,)",
+        (f"{WD}::test_a_second_ctrl_c_quits_at_once",),
+        "Ctrl-C saves and stops like SIGTERM",
+    ),
+    Mutant(
+        "infinite_scalars_to_tensorboard",
+        "tf_adabatch/summaries.py",
+        "    array[np.isinf(array)] = np.nan\n",
+        "",
+        ("tf_adabatch/summaries.py",),
+        "no infinite value blanks a TensorBoard chart",
     ),
 ]
 

@@ -213,20 +213,43 @@ def test_another_jobs_checkpoints_are_refused_naming_the_fields(
     assert files(workdir / "checkpoints") == before
 
 
-def test_checkpoints_without_a_fingerprint_still_refuse_a_state_that_does_not_fit(
-    tmp_path: Path,
+@pytest.mark.parametrize("damage_kind", ["deleted", "garbled", "not an object"])
+def test_a_lost_fingerprint_file_is_recovered_from_the_checkpoint(
+    workdir: Path, damage_kind: str, capsys
 ) -> None:
-    """Checkpoints from before fingerprints: the restore itself refuses a state that
-    does not fit (a noise-scale run has no policy variables; SimiGrad's are then
-    missing), as another job's, without renaming anything as damaged."""
-    app.run(
-        config(**{"policy.kind": "noise_scale", "train.max_steps": 2}), str(tmp_path), verbose=0
+    """fingerprint.json deleted or damaged beside checkpoints: the copy saved in the
+    newest checkpoint still refuses another seed (nothing touched), and the same job
+    resumes and writes the file back with the original record."""
+    path = workdir / "checkpoints" / checkpoints.FINGERPRINT
+    original = json.loads(path.read_text())
+    if damage_kind == "deleted":
+        path.unlink()
+    else:
+        path.write_text("{not json" if damage_kind == "garbled" else "[1, 2]")
+    before = files(workdir / "checkpoints")
+    with pytest.raises(app.ResumeError, match=re.escape("seed 0 (checkpoint) vs 3 (now)")):
+        app.run(config(seed=3), str(workdir), verbose=0)
+    assert files(workdir / "checkpoints") == before
+    warned = capsys.readouterr().err
+    assert ("warning: ignoring" in warned) == (damage_kind != "deleted"), warned
+    app.run(config(**{"train.max_steps": 6}), str(workdir), verbose=0)
+    assert json.loads(path.read_text()) == original
+
+
+def test_checkpoints_without_any_fingerprint_are_refused_with_one_line(tmp_path: Path) -> None:
+    """Checkpoints holding no fingerprint (written before they did) and no
+    fingerprint.json: nothing says which job wrote them, so the resume is refused."""
+    directory = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(v=tf.Variable(1.0)), str(directory), max_to_keep=1
     )
-    (tmp_path / "checkpoints" / checkpoints.FINGERPRINT).unlink()
-    before = files(tmp_path / "checkpoints")
-    with pytest.raises(app.ResumeError, match="does not fit this job's model"):
+    manager.save(checkpoint_number=2)
+    before = files(directory)
+    with pytest.raises(app.ResumeError) as info:
         app.run(config(), str(tmp_path), verbose=0)
-    assert files(tmp_path / "checkpoints") == before
+    message = str(info.value)
+    assert "fingerprint.json is missing or unreadable and no checkpoint there holds a " in message
+    assert "\n" not in message and files(directory) == before
 
 
 def test_a_model_that_does_not_fit_the_data_is_a_config_error(tmp_path: Path) -> None:

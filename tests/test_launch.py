@@ -155,6 +155,10 @@ BROKEN_CONFIGS = {
         r"line 2: NameError: name 'undefined_name' is not defined",
     ),
     "plain_dict": ("def get_config():\n    return {'seed': 0}\n", None),
+    "raises": (
+        "def get_config():\n    raise RuntimeError('no such setting')\n",
+        r"line 2: RuntimeError: no such setting",
+    ),
     "string_number": (
         "from configs import base\n\n\ndef get_config():\n    c = base.get_config()\n"
         "    c.micro_batch_size = '32'\n    return c\n",
@@ -203,6 +207,7 @@ def refusals(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
             f"--workdir={root / 'missing'}",
         ],
         "workdir_is_a_file": [f"--config={SYNTHETIC}", f"--workdir={root / 'a_file'}"],
+        "no_tpu": [f"--config={SYNTHETIC}", f"--workdir={root / 'tpu'}", "--config.strategy=tpu"],
         # Not run by srun: no SLURM_* variables (the test process has none; checked below).
         "slurm_outside_srun": [
             f"--config={SYNTHETIC}",
@@ -432,6 +437,14 @@ def test_slurm_cluster_outside_a_slurm_task_fails_with_one_clear_line(refusals) 
         "under `srun`). Not set: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
         "SLURM_STEP_TASKS_PER_NODE"
     ]
+
+
+def test_tpu_strategy_without_a_tpu_fails_with_one_clear_line(refusals) -> None:
+    (line,) = refused(refusals[1], "no_tpu")
+    assert line.startswith(
+        "error: Config field `strategy` is 'tpu' but no TPU could be reached from this machine"
+    ), line
+    assert line.endswith("Received: strategy='tpu'")
 
 
 def test_workdir_that_is_a_file_fails_with_one_clear_line(refusals) -> None:

@@ -92,8 +92,11 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_checkp
     tmp_path: Path,
 ) -> None:
     """Learning rate 1e6: after a few steps the weights are so large that every gradient
-    overflows; the run stops after `max_consecutive_skips` skipped steps in a row, and
-    its latest checkpoint is the last applied step (none was written while skipping)."""
+    overflows; the run stops after `max_consecutive_skips` skipped steps in a row. No
+    checkpoint was written while skipping: the last one written holds the last applied
+    step, every value finite. The loss exploded right after it, so it is set aside
+    (renamed `ckpt-N.diverged-*`, kept) and none is left to resume from
+    (tests/test_workdir.py: the rerun)."""
     config = synthetic.get_config()
     config.strategy = "one_device"
     config.policy.kind = "static"
@@ -103,11 +106,19 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_checkp
     config.train.max_consecutive_skips = 3
     with pytest.raises(tf_adabatch.NonFiniteGradientsError, match="3 optimizer steps in a row"):
         app.run(config, str(tmp_path), verbose=0)
-    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
-    values = checkpoint_values(tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    assert tf.train.latest_checkpoint(str(ckpts)) is None
+    (index,) = ckpts.glob("ckpt-*.diverged-*.index")
+    latest = str(index)[: -len(".index")]
+    reader = tf.train.load_checkpoint(latest)
+    values = {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("run/")
+    }
     state = {name.split("/")[1]: v for name, v in values.items() if name.startswith("adabatch/")}
     applied = int(state["steps"])
-    assert applied >= 1 and latest.endswith(f"ckpt-{applied}")
+    assert applied >= 1 and index.name.startswith(f"ckpt-{applied}.")
     assert int(state["skipped_steps"]) == 0 and int(state["consecutive_skips"]) == 0
     # The checkpoint stores each trainable weight once, under the optimizer
     # (`optimizer/_trainable_variables/<i>/...`), and the optimizer's own variables

@@ -10,6 +10,7 @@ files, never recorded: `clean_temporaries` removes them before a resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,8 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from tf_adabatch.app import records
+
 __all__ = [
     "FINGERPRINT",
     "SETTINGS",
@@ -31,8 +34,10 @@ __all__ = [
     "clean_temporaries",
     "fingerprint",
     "restore_newest_readable",
+    "set_aside",
     "settings",
     "write_fingerprint",
+    "write_json_atomically",
     "write_settings",
 ]
 
@@ -104,14 +109,39 @@ def _read_every_tensor(prefix: str) -> None:
         reader.get_tensor(name)
 
 
-def _move_aside(directory: str, number: int, stamp: str) -> str:
-    """Renames ckpt-N's files to ckpt-N.damaged-<stamp>.* (kept, never reused or deleted)."""
+def _move_aside(directory: str, number: int, stamp: str, label: str = "damaged") -> str:
+    """Renames ckpt-N's files to ckpt-N.<label>-<stamp>.* (kept, never reused or deleted)."""
     for name in os.listdir(directory):
         m = _CKPT_FILE.match(name)
         if m and int(m.group(1)) == number:
-            new = f"ckpt-{number}.damaged-{stamp}.{m.group(2)}"
+            new = f"ckpt-{number}.{label}-{stamp}.{m.group(2)}"
             os.replace(os.path.join(directory, name), os.path.join(directory, new))
-    return f"ckpt-{number}.damaged-{stamp}.*"
+    return f"ckpt-{number}.{label}-{stamp}.*"
+
+
+def set_aside(directory: str, number: int, label: str) -> str:
+    """Moves checkpoint `number` out of the resume's way: its files are renamed
+    `ckpt-N.<label>-<time>.*` (kept for inspection, never deleted), and the `checkpoint`
+    state file names the ones left (or is removed if none is). Returns the new name.
+
+    >>> import tempfile
+    >>> v = tf.Variable(0.0)
+    >>> manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), tempfile.mkdtemp(), 3)
+    >>> _ = manager.save(1); _ = manager.save(2)
+    >>> set_aside(manager.directory, 2, "diverged")  # doctest: +ELLIPSIS
+    'ckpt-2.diverged-....*'
+    >>> checkpoint_numbers(manager.directory), os.path.basename(
+    ...     tf.train.latest_checkpoint(manager.directory))
+    ([1], 'ckpt-1')
+    """
+    moved = _move_aside(directory, number, time.strftime("%Y%m%dT%H%M%S"), label)
+    left = sorted(checkpoint_numbers(directory))
+    if left:
+        _write_state_file(directory, left)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, "checkpoint"))
+    return moved
 
 
 class Restorable(Protocol):
@@ -173,7 +203,9 @@ def restore_newest_readable(
             damaged.append((number, _short(err)))
             continue
         try:
-            checkpoint.restore(prefix).assert_existing_objects_matched()
+            # Objects of the file that `checkpoint` lacks (the launcher's run record,
+            # restored on its own) are expected: not warned about.
+            checkpoint.restore(prefix).assert_existing_objects_matched().expect_partial()
         except (tf.errors.OpError, IndexError) as err:  # read back above: rare
             damaged.append((number, _short(err)))
             continue
@@ -248,8 +280,14 @@ def fingerprint(
 def check_fingerprint(directory: str, current: dict[str, Any]) -> None:
     """Refuses a resume whose fingerprint differs from the stored one (one line).
 
+    The stored one is `fingerprint.json`; if that is missing, unreadable or not a JSON
+    object (after one `warning:` line), the copy in the newest checkpoint that has
+    one (`records.RunRecord`). Without either, nothing says which job wrote the
+    checkpoints, and the resume is refused. A directory without checkpoints has
+    nothing to check.
+
     Raises:
-      ResumeError: naming every field that differs.
+      ResumeError: naming every field that differs, or that no fingerprint is left.
 
     >>> import tempfile
     >>> directory = tempfile.mkdtemp()
@@ -260,9 +298,24 @@ def check_fingerprint(directory: str, current: dict[str, Any]) -> None:
     ...
     tf_adabatch.app.checkpoints.ResumeError: Cannot resume from ...: another job wrote it; differing fields: seed 0 (checkpoint) vs 1 (now). ...
     """
-    stored = _read_json(os.path.join(directory, FINGERPRINT))
+    path = os.path.join(directory, FINGERPRINT)
+    stored = _read_json(path)
+    if stored is not _ABSENT and not isinstance(stored, dict):
+        print(f"warning: ignoring {path}: not a JSON object", file=sys.stderr)
+        stored = _ABSENT
+    if stored is _ABSENT and checkpoint_numbers(directory):
+        stored, readable = _fingerprint_in_checkpoints(directory)
+        if stored is None and not readable:
+            return  # none reads: the restore says so, naming each one
+        if stored is None:
+            raise ResumeError(
+                f"Cannot resume from {directory}: {FINGERPRINT} is missing or unreadable and "
+                "no checkpoint there holds a fingerprint (they predate it), so nothing says "
+                f"which job wrote them. Restore {FINGERPRINT} from a backup, or use a new "
+                "--workdir."
+            )
     if stored is _ABSENT:
-        return  # written before fingerprints existed, or unreadable: the restore checks the shapes
+        return  # no checkpoints: nothing to resume
     differ = []
     for key, value in current.items():
         if stored.get(key) != value:
@@ -289,6 +342,21 @@ def check_fingerprint(directory: str, current: dict[str, Any]) -> None:
         )
 
 
+def _fingerprint_in_checkpoints(directory: str) -> tuple[dict[str, Any] | None, bool]:
+    """(The fingerprint saved in the newest checkpoint that holds one and reads, or None;
+    whether any checkpoint could be read at all)."""
+    readable = False
+    for number in checkpoint_numbers(directory):
+        try:
+            stored = records.stored_fingerprint(os.path.join(directory, f"ckpt-{number}"))
+        except Exception:  # a damaged checkpoint: try the next one
+            continue
+        readable = True
+        if stored is not None:
+            return stored, True
+    return None, readable
+
+
 def write_fingerprint(directory: str, current: dict[str, Any]) -> None:
     """Writes `directory/fingerprint.json` atomically (a kill leaves the old one or the new).
 
@@ -298,7 +366,7 @@ def write_fingerprint(directory: str, current: dict[str, Any]) -> None:
     >>> sorted(os.listdir(directory))
     ['fingerprint.json']
     """
-    _write_json_atomically(os.path.join(directory, FINGERPRINT), current)
+    write_json_atomically(os.path.join(directory, FINGERPRINT), current)
 
 
 def settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -366,7 +434,7 @@ def write_settings(directory: str, current: dict[str, Any]) -> None:
     >>> json.load(open(os.path.join(directory, SETTINGS)))
     {'seed': 0}
     """
-    _write_json_atomically(os.path.join(directory, SETTINGS), current)
+    write_json_atomically(os.path.join(directory, SETTINGS), current)
 
 
 _ABSENT = object()  # `_read_json`: no file, or one that does not read as JSON
@@ -386,10 +454,30 @@ def _read_json(path: str) -> Any:
         return _ABSENT
 
 
-def _write_json_atomically(path: str, value: Any) -> None:
+def write_json_atomically(
+    path: str, value: Any, *, indent: int = 1, sort_keys: bool = True
+) -> None:
+    """Writes `value` as JSON to `path` through a temporary file and a rename: a kill or
+    a failed write (disk full, a file-size limit) leaves the old file or the new one,
+    never a part (the temporary file is removed on failure).
+
+    Raises:
+      OSError: the write or the rename failed.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.json")
+    >>> write_json_atomically(path, {"b": 1, "a": 2})
+    >>> json.load(open(path)), os.listdir(os.path.dirname(path))
+    ({'a': 2, 'b': 1}, ['a.json'])
+    """
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=indent, sort_keys=sort_keys)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise

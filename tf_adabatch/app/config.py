@@ -249,6 +249,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _require_real(c, "train.eval_every_base_epochs", "> 0", lambda v: v > 0)
     _require_int(c, "train.eval_batch_size", 1)
     _require_int(c, "train.max_consecutive_skips", 1, optional=True)
+    if c.train.divergence_factor is not None:
+        _require_real(c, "train.divergence_factor", "> 1 (or None)", lambda v: v > 1)
     _require(
         isinstance(c.deterministic, bool), "deterministic", "be True or False", c.deterministic
     )

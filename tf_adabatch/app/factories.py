@@ -124,7 +124,7 @@ def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
     Raises:
       ConfigError: `cluster="slurm"` outside a SLURM task, or a task placement
-        TensorFlow's resolver gets wrong.
+        TensorFlow's resolver gets wrong; "tpu" where no TPU can be reached.
 
     >>> from configs import base
     >>> config = base.get_config()
@@ -134,10 +134,21 @@ def make_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     """
     kind = config.strategy
     if kind == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return tf.distribute.TPUStrategy(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as err:  # no TPU here
+            # Imported here: `config` imports this module.
+            from tf_adabatch.app.config import ConfigError
+
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            raise ConfigError(
+                "Config field `strategy` is 'tpu' but no TPU could be reached from this "
+                f"machine ({type(err).__name__}: {first}). Run on a TPU VM, or choose "
+                "'mirrored', 'one_device' or 'multi_worker'. Received: strategy='tpu'"
+            ) from err
     if kind == "multi_worker":
         if config.cluster == "slurm":
             resolver = cluster.slurm_resolver(port_base=config.slurm_port_base)

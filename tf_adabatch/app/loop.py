@@ -34,7 +34,6 @@ Resuming takes the newest checkpoint that reads back intact; see
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -48,16 +47,19 @@ import ml_collections
 import tensorflow as tf
 
 from tf_adabatch import summaries
-from tf_adabatch.app import checkpoints, factories, workers
+from tf_adabatch.app import checkpoints, factories, records, workers
 from tf_adabatch.app import preemption as preemption_lib
 from tf_adabatch.app.config import ConfigError, check_workdir, validate_config
 from tf_adabatch.app.data import pipeline
+from tf_adabatch.app.workdir import WorkdirLock, WriteError, check_writable
+from tf_adabatch.engine import NonFiniteGradientsError
 from tf_adabatch.trainer import Trainer
 
 __all__ = [
     "CheckpointEvery",
     "EvaluateEvery",
     "Evaluation",
+    "RecordingCheckpointManager",
     "TrainClock",
     "run",
     "total_steps",
@@ -81,18 +83,21 @@ def total_steps(trainer: Trainer) -> int:
 
 
 class TrainClock:
-    """Seconds spent training in this process, evaluations excluded: time-to-accuracy's x-axis.
+    """Seconds spent training, evaluations excluded: time-to-accuracy's x-axis.
 
-    Checkpoint saves are included (a real run pays for them).
+    Checkpoint saves are included (a real run pays for them). `offset` is what the
+    run's earlier processes spent (restored from the checkpoint's `RunRecord`), so a
+    resumed run's clock goes on from there.
 
-    >>> clock = TrainClock()
-    >>> clock.exclude(clock.seconds() + 60.0)  # an evaluation took a minute
-    >>> clock.seconds() < 0
+    >>> clock = TrainClock(offset=100.0)
+    >>> clock.exclude(clock.seconds() - 100.0 + 60.0)  # an evaluation took a minute
+    >>> clock.seconds() < 100.0
     True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, offset: float = 0.0) -> None:
         self.start = time.time()
+        self.offset = offset
         self.excluded = 0.0
 
     def exclude(self, seconds: float) -> None:
@@ -100,7 +105,7 @@ class TrainClock:
         self.excluded += seconds
 
     def seconds(self) -> float:
-        return time.time() - self.start - self.excluded
+        return self.offset + time.time() - self.start - self.excluded
 
 
 class Evaluation:
@@ -212,6 +217,54 @@ class EvaluateEvery(keras.callbacks.Callback):
             self.evaluation(newline=self.newline)
 
 
+class RecordingCheckpointManager(tf.train.CheckpointManager):
+    """TensorFlow's `CheckpointManager` whose saves update the run's record first and fail
+    with one line.
+
+    Args:
+      checkpoint, directory, max_to_keep: as for `tf.train.CheckpointManager`.
+      before_save: called before each save (it writes the `RunRecord`'s seconds).
+
+    Raises (from `save`):
+      WriteError: the checkpoint could not be written (disk full, a file-size limit,
+        a read-only folder); the earlier checkpoints are untouched, and what the failed
+        save left (`ckpt-N_temp*`) is removed at the next resume.
+
+    >>> import tempfile
+    >>> v = tf.Variable(0.0)
+    >>> calls = []
+    >>> manager = RecordingCheckpointManager(tf.train.Checkpoint(v=v), tempfile.mkdtemp(), 2,
+    ...                                      before_save=lambda: calls.append(1))
+    >>> os.path.basename(manager.save(checkpoint_number=7)), calls
+    ('ckpt-7', [1])
+    """
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: str,
+        max_to_keep: int,
+        *,
+        before_save: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(checkpoint, directory, max_to_keep=max_to_keep)
+        self.before_save = before_save
+
+    def save(
+        self, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None
+    ) -> Any:
+        if self.before_save is not None:
+            self.before_save()
+        try:
+            return super().save(checkpoint_number, check_interval=check_interval, options=options)
+        except (OSError, tf.errors.OpError) as err:
+            raise WriteError(
+                os.path.join(self.directory, f"ckpt-{checkpoint_number}"),
+                err,
+                "the earlier checkpoints are untouched: free space or fix the folder, then rerun",
+            ) from err
+
+
 class CheckpointEvery(keras.callbacks.Callback):
     """Saves every `every` optimizer steps (skipped ones counted), and once at the end.
 
@@ -219,12 +272,17 @@ class CheckpointEvery(keras.callbacks.Callback):
     its last checkpoint predates the skipped steps (unless a preemption saved inside the
     streak: that checkpoint counts the skips, and resuming from it is exact).
 
+    Nor while the loss explodes (`guard`, a `records.DivergenceGuard`): then the newest
+    checkpoint predates the explosion, and a rerun with a lower learning rate resumes
+    from good weights.
+
     Args:
       manager: where to save.
       every: optimizer steps between saves.
       restored_step: the step of the checkpoint resumed from (0 for a new run).
       preemption: told of every step after the periodic save (`PreemptionWatch.after_step`:
         after a SIGTERM it saves at the step the workers agree on and raises `Preempted`).
+      guard: told of every applied step's loss; consulted at each save point.
 
     >>> import tempfile
     >>> v = tf.Variable(0.0)
@@ -244,26 +302,42 @@ class CheckpointEvery(keras.callbacks.Callback):
         every: int,
         restored_step: int,
         preemption: preemption_lib.PreemptionWatch | None = None,
+        guard: records.DivergenceGuard | None = None,
     ) -> None:
         super().__init__()
         self.manager, self.every, self.restored_step = manager, every, restored_step
-        self.preemption = preemption
+        self.preemption, self.guard = preemption, guard
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         logs = logs or {}
         step = int(logs.get("step", 0))
-        if step % self.every == 0 and not logs.get("consecutive_skips", 0.0):
-            self.manager.save(checkpoint_number=step)
+        if self.guard is not None:
+            self.guard.observe(
+                float(logs.get("loss", math.nan)), applied=bool(logs.get("applied", 1.0))
+            )
+        if step % self.every == 0 and not logs.get("consecutive_skips", 0.0) and self._healthy():
+            self._save(step)
         if self.preemption is not None:
             self.preemption.after_step(step)
 
-    def save_final(self, *, step: int, consecutive_skips: int) -> None:
-        """A final checkpoint unless the last step's save took it, or nothing was trained.
+    def _healthy(self) -> bool:
+        return self.guard is None or self.guard.save_point()
 
-        Decided from the state alone, so that every worker decides alike.
+    def _save(self, step: int) -> None:
+        self.manager.save(checkpoint_number=step)
+        if self.guard is not None:
+            self.guard.saved(step)
+
+    def save_final(self, *, step: int, consecutive_skips: int) -> None:
+        """A final checkpoint unless the last step's save took it, or nothing was trained
+        (or the run ends skipping or exploding).
+
+        Decided from the state (and the all-reduced losses) alone, so that every worker
+        decides alike.
         """
-        if step % self.every and step != self.restored_step and not consecutive_skips:
-            self.manager.save(checkpoint_number=step)
+        due = step % self.every and step != self.restored_step and not consecutive_skips
+        if due and self._healthy():
+            self._save(step)
 
 
 def write_metrics(
@@ -275,8 +349,17 @@ def write_metrics(
     wall_time_s: float,
     train_seconds: float,
     replicas: int,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """The summary action at the end: the final metrics, written to `path` (metrics.json).
+
+    `wall_time_s` and `train_seconds` are the whole run's, over its `processes` (a
+    resumed run's earlier processes included, from the checkpoint's `RunRecord`);
+    steps and examples are the adaptive state's, which counts them over the run too.
+
+    Raises:
+      WriteError: `path` cannot be written (the checkpoints are intact: rerunning
+        the job writes it).
 
     >>> import tempfile
     >>> from tf_adabatch import StaticPolicy
@@ -303,10 +386,15 @@ def write_metrics(
         "base_steps": base_steps,
         "wall_time_s": wall_time_s,
         "train_seconds": train_seconds,
+        "processes": processes,
         "replicas": replicas,
     }
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
+    try:
+        checkpoints.write_json_atomically(path, metrics, indent=2, sort_keys=False)
+    except OSError as err:
+        raise WriteError(
+            path, err, "training finished and its checkpoints are intact: rerun to write it"
+        ) from err
     return metrics
 
 
@@ -420,6 +508,42 @@ def _run(
     strategy = factories.make_strategy(config)
     if watch is not None:  # a multi-worker strategy's coordination service took SIGTERM
         watch.reinstall()
+    # One run per folder: each process holds its own (the chief the workdir), before
+    # anything in it is read.
+    chief, worker_name = workers.identify(strategy)
+    outdir = workdir if chief else os.path.join(workdir, worker_name)
+    lock = WorkdirLock(outdir)
+    try:
+        return _run_locked(
+            config,
+            workdir,
+            strategy,
+            chief,
+            outdir,
+            verbose=verbose,
+            watch=watch,
+            start=start,
+            log=log,
+            multi_worker=bool(worker_name),
+        )
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    strategy: tf.distribute.Strategy,
+    chief: bool,
+    outdir: str,
+    *,
+    verbose: int,
+    watch: preemption_lib.PreemptionWatch | None,
+    start: float,
+    log: Log,
+    multi_worker: bool,
+) -> dict[str, Any]:
+    """`_run` with the strategy built and `outdir` locked."""
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
@@ -429,20 +553,22 @@ def _run(
 
     # Resume: every worker from the chief's checkpoints (the same state everywhere);
     # only the chief renames damaged ones and rewrites the state file.
-    chief, worker_name = workers.identify(strategy)
-    outdir = workdir if chief else os.path.join(workdir, worker_name)
-    os.makedirs(outdir, exist_ok=True)
-    checkpoints.clean_temporaries(os.path.join(outdir, "checkpoints"))
+    own_dir = os.path.join(outdir, "checkpoints")  # this process's (the chief's: chief_dir)
+    tensorboard = os.path.join(outdir, "tensorboard")
+    check_writable(own_dir, os.path.join(tensorboard, "train"), os.path.join(tensorboard, "eval"))
+    checkpoints.clean_temporaries(own_dir)
     chief_dir = os.path.join(workdir, "checkpoints")
     fingerprint = checkpoints.fingerprint(config, model, num_classes)
     current_settings = checkpoints.settings(config)
-    if checkpoints.checkpoint_numbers(chief_dir):
-        checkpoints.check_fingerprint(chief_dir, fingerprint)
+    # Checked against fingerprint.json, or the newest checkpoint's copy without it.
+    checkpoints.check_fingerprint(chief_dir, fingerprint)
+    record = records.RunRecord(fingerprint)
     # The trainer restores a checkpoint of another topology too (`Trainer.restore`).
     latest, notes = checkpoints.restore_newest_readable(trainer, chief_dir, repair=chief)
     for note in notes:
         print(f"warning: {note}; resuming from {latest}", file=sys.stderr)
     if latest:
+        record.restore_from(latest)
         log(
             f"Resumed from {latest}: step {int(trainer.state.steps.numpy())}, progress {trainer.progress:.1f}/{base_steps}"
         )
@@ -453,11 +579,35 @@ def _run(
         if changed:
             log(f"Settings changed since these checkpoints were written: {'; '.join(changed)}")
     if chief:  # before the first save: each checkpoint is written with it in place
-        os.makedirs(chief_dir, exist_ok=True)
-        checkpoints.write_fingerprint(chief_dir, fingerprint)
-        checkpoints.write_settings(chief_dir, current_settings)
-    manager = tf.train.CheckpointManager(
-        trainer.checkpoint, os.path.join(outdir, "checkpoints"), max_to_keep=2
+        try:
+            os.makedirs(chief_dir, exist_ok=True)
+            checkpoints.write_fingerprint(chief_dir, fingerprint)
+            checkpoints.write_settings(chief_dir, current_settings)
+        except OSError as err:
+            raise WriteError(
+                getattr(err, "filename", None) or chief_dir, err, "nothing was trained"
+            ) from err
+
+    # The run's records go on from the checkpoint's (this process adds its share).
+    clock = TrainClock(offset=float(record.train_seconds.numpy()))
+    wall_offset = float(record.wall_seconds.numpy())
+    processes = int(record.processes.numpy()) + 1
+
+    def update_record() -> None:
+        record.train_seconds.assign(clock.seconds())
+        record.wall_seconds.assign(wall_offset + time.time() - start)
+        record.processes.assign(processes)
+
+    checkpoint = tf.train.Checkpoint(**trainer.checkpoint_parts(), **{records.RECORD_KEY: record})
+    if latest:  # the saves go on counting (the trainer restored its own checkpoint object)
+        checkpoint.save_counter.assign(
+            tf.train.load_checkpoint(latest).get_tensor("save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+        )
+    manager = RecordingCheckpointManager(
+        checkpoint,
+        own_dir,
+        max_to_keep=2,
+        before_save=update_record,
     )
     if watch is not None:  # every worker, on its own manager
         watch.start(strategy, manager)
@@ -472,22 +622,34 @@ def _run(
         skip_micro_batches=samples // config.micro_batch_size,
     )
     iterator = iter(trainer.distribute(dataset_fn))
-    clock = TrainClock()
     evaluation = Evaluation(
         trainer,
         pipeline.eval_dataset(x_test, y_test, config.train.eval_batch_size),
-        os.path.join(outdir, "tensorboard", "eval"),
+        os.path.join(tensorboard, "eval"),
         clock,
         base_steps=base_steps,
         log=log,
         metrics={"accuracy": keras.metrics.sparse_categorical_accuracy},
     )
     restored = total_steps(trainer)  # the step of the checkpoint resumed from (0 for a new run)
+
+    def set_aside(step: int, loss: float) -> None:  # the loss rose right after ckpt-`step`
+        moved = checkpoints.set_aside(own_dir, step, "diverged")
+        print(
+            f"warning: the training loss right after ckpt-{step} was {loss:.4g} (the run "
+            f"diverged); set aside as {moved}",
+            file=sys.stderr,
+        )
+
+    guard = records.DivergenceGuard(
+        record, factor=config.train.divergence_factor, set_aside=set_aside
+    )
     saving = CheckpointEvery(
         manager,
         every=config.train.checkpoint_every_steps,
         restored_step=restored,
         preemption=watch,
+        guard=guard,
     )
     evaluating = EvaluateEvery(
         evaluation, every=durations.eval_every, progress=trainer.progress, newline=bool(verbose)
@@ -495,18 +657,21 @@ def _run(
     remaining = None
     if config.train.max_steps is not None:
         remaining = max(0, config.train.max_steps - restored)
-    multi_worker = bool(worker_name)
     try:
         if multi_worker:
             workers.check_same_checkpoint(strategy, restored)
-        trainer.fit(
-            iterator,
-            steps=remaining,
-            until_progress=float(base_steps),
-            summary_dir=os.path.join(outdir, "tensorboard", "train"),
-            callbacks=[evaluating, saving],  # in this order at each step
-            verbose=verbose,
-        )
+        try:
+            trainer.fit(
+                iterator,
+                steps=remaining,
+                until_progress=float(base_steps),
+                summary_dir=os.path.join(tensorboard, "train"),
+                callbacks=[evaluating, saving],  # in this order at each step
+                verbose=verbose,
+            )
+        except NonFiniteGradientsError as err:
+            guard.set_aside_suspects(checkpoints.checkpoint_numbers(own_dir))
+            raise NonFiniteGradientsError(f"{err} {_newest_checkpoint(own_dir)}") from err
         saving.save_final(
             step=total_steps(trainer),
             consecutive_skips=int(trainer.state.consecutive_skips.numpy()),
@@ -516,16 +681,63 @@ def _run(
         if not multi_worker:
             raise
         raise workers.worker_lost(err, chief_dir) from err
+    _check_converging(trainer, guard, result, own_dir)
     metrics = write_metrics(
         os.path.join(outdir, "metrics.json"),
         trainer,
         result,
         base_steps=base_steps,
-        wall_time_s=time.time() - start,
+        wall_time_s=wall_offset + time.time() - start,
         train_seconds=clock.seconds(),
         replicas=strategy.num_replicas_in_sync,
+        processes=processes,
     )
     log(
         f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {metrics['optimizer_steps']} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(outdir, 'metrics.json')}"
     )
     return metrics
+
+
+def _newest_checkpoint(directory: str) -> str:
+    """A sentence naming the checkpoint a rerun would resume from."""
+    numbers = checkpoints.checkpoint_numbers(directory)
+    if not numbers:
+        return "No checkpoint predates it: a rerun (with a lower learning rate) starts over."
+    return (
+        f"The newest checkpoint, ckpt-{numbers[0]}, predates the skipped (and any "
+        "exploding) steps: rerun with a lower learning rate to resume from it, or use a new "
+        "--workdir."
+    )
+
+
+def _check_converging(
+    trainer: Trainer,
+    guard: records.DivergenceGuard,
+    result: dict[str, float],
+    directory: str,
+) -> None:
+    """A run that ends exploding, skipping, or with a non-finite test loss has diverged.
+
+    Raises:
+      Diverged: with what was seen and the checkpoint to go back to.
+    """
+    state = trainer.state
+    applied, skipped = int(state.steps.numpy()), int(state.skipped_steps.numpy())
+    consecutive = int(state.consecutive_skips.numpy())
+    if guard.exploding():
+        reason = (
+            f"its training loss exploded (last step {guard.last_loss:.4g}, against a first "
+            f"window mean of {float(guard.record.first_loss.numpy()):.4g} and a best of "
+            f"{float(guard.record.best_loss.numpy()):.4g}; no checkpoint was written while it did)"
+        )
+    elif consecutive:
+        reason = (
+            f"its last {consecutive} steps were skipped (non-finite gradients or updates; "
+            f"{applied} applied, {skipped} skipped in all)"
+        )
+    elif not all(math.isfinite(v) for v in result.values()):
+        reason = f"its test loss is not finite ({result})"
+    else:
+        return
+    guard.set_aside_suspects(checkpoints.checkpoint_numbers(directory))
+    raise records.Diverged(f"The run diverged: {reason}. {_newest_checkpoint(directory)}")

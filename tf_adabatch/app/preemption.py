@@ -1,5 +1,8 @@
 """Preemption: SIGTERM -> a checkpoint at an optimizer-step boundary -> `Preempted`.
 
+Ctrl-C (SIGINT) does the same (exit code 130 = 128 + SIGINT); a second Ctrl-C quits at
+once with `KeyboardInterrupt`, saving nothing more.
+
 SLURM, Kubernetes and cloud spot instances stop a job with SIGTERM (then SIGKILL after a
 grace period). `PreemptionWatch` turns it into a checkpoint through the job's own
 `tf.train.CheckpointManager` (its numbering: the optimizer step, as the periodic saves),
@@ -40,22 +43,32 @@ PREEMPTED_EXIT_CODE = 128 + int(signal.SIGTERM)  # 143
 
 
 class Preempted(Exception):
-    """The job received SIGTERM and saved a checkpoint at an optimizer-step boundary.
+    """The job received SIGTERM (or Ctrl-C: SIGINT) and saved a checkpoint at an
+    optimizer-step boundary.
 
     Attributes:
       checkpoint: the path of the checkpoint written (this worker's).
       step: the optimizer step it holds (its number).
+      signum: the signal (SIGTERM or SIGINT).
+      exit_code: 128 + signum, what a process killed by it returns (143, 130).
 
     >>> print(Preempted("/w/checkpoints/ckpt-7", 7))
     checkpoint ckpt-7 written at step 7; rerun the same command to resume
+    >>> Preempted("/w/checkpoints/ckpt-7", 7, signal.SIGINT).exit_code
+    130
     """
 
-    def __init__(self, checkpoint: str | None, step: int) -> None:
+    def __init__(self, checkpoint: str | None, step: int, signum: int = signal.SIGTERM) -> None:
         name = os.path.basename(checkpoint) if checkpoint else "(none)"
         super().__init__(
             f"checkpoint {name} written at step {step}; rerun the same command to resume"
         )
-        self.checkpoint, self.step = checkpoint, step
+        self.checkpoint, self.step, self.signum = checkpoint, step, int(signum)
+        self.exit_code = 128 + int(signum)
+
+
+# SIGTERM (schedulers, spot VMs) and SIGINT (Ctrl-C) both save and stop.
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class PreemptionWatch:
@@ -96,15 +109,18 @@ class PreemptionWatch:
                 "handler); set the config field `train.preemption=False` to run elsewhere."
             )
         self.signalled = False
+        self.signum: int = signal.SIGTERM  # the first signal seen
         self.saved_step: int | None = None
         self.handler: Any = None
         self.manager: tf.train.CheckpointManager | None = None
         self._inert = False  # TensorFlow's handler does nothing here (GCE CPU / TPU VMs)
         self._multi_worker = False
         self._unused_dir: str | None = None
-        self._previous: Any = signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self._previous is None:  # installed from C: restore the default at the end
-            self._previous = signal.SIG_DFL
+        self._previous: dict[int, Any] = {}
+        for signum in _SIGNALS:
+            previous = signal.signal(signum, self._on_signal)
+            # Installed from C: restore the default at the end.
+            self._previous[signum] = signal.SIG_DFL if previous is None else previous
         self._installed = True
 
     def reinstall(self) -> None:
@@ -115,10 +131,22 @@ class PreemptionWatch:
         strategy exists (a SIGTERM before is remembered, one in between is lost to it).
         """
         if self._installed:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            for signum in _SIGNALS:
+                signal.signal(signum, self._on_signal)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        del signum, frame
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        del frame
+        if signum == signal.SIGINT and self.signalled and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: quit at once
+        if signum == signal.SIGINT:
+            print(
+                "\nCtrl-C: saving a checkpoint at the end of this optimizer step, then "
+                "stopping (Ctrl-C again to quit at once, without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if not self.signalled:
+            self.signum = signum
         self.signalled = True
 
     def start(self, strategy: tf.distribute.Strategy, manager: tf.train.CheckpointManager) -> None:
@@ -197,7 +225,7 @@ class PreemptionWatch:
 
     def _exit(self) -> None:
         assert self.manager is not None and self.saved_step is not None
-        raise Preempted(self.manager.latest_checkpoint, self.saved_step)
+        raise Preempted(self.manager.latest_checkpoint, self.saved_step, self.signum)
 
     def close(self, *, clean: bool = True) -> None:
         """Stops TensorFlow's handler and restores the previous SIGTERM handler.
@@ -215,5 +243,6 @@ class PreemptionWatch:
             shutil.rmtree(self._unused_dir, ignore_errors=True)
             self._unused_dir = None
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
             self._installed = False
