@@ -14,6 +14,8 @@ LAUNCH = [
     "tensorflow-datasets>=4.9",
     # tfds 4.9.x needs it for a custom builder's download_and_prepare on 3.11.
     "importlib_resources>=6",
+    # launch/fit_profiles.py fits the measured GPU step-time profiles (least squares).
+    "scipy>=1.10",
 ]
 
 setup(

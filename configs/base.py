@@ -37,6 +37,13 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
                             checkpoint interval's mean and this many times the best
                             interval's mean (exploding); a run that ends so exits 3
                             (None: never)
+  clock.profile             None: each step's time is this host's (the default); a measured
+                            GPU profile of configs/profiles (e.g. cifar10_resnet18_t4, from
+                            `python launch/fit_profiles.py`): the run trains here for real
+                            and every step is charged what the profile predicts on
+                            clock.devices GPUs (a virtual clock: step_time, train_seconds,
+                            the goodput policy's timings; metrics.json names the clock)
+  clock.devices             the virtual clock's GPUs N (the global batch split over them)
   train.preemption          SIGTERM (SLURM, Kubernetes, spot VMs) saves a checkpoint at the
                             optimizer step all workers agree on, then launch/train.py exits
                             143 (rerun to resume); False: SIGTERM kills the job as usual
@@ -91,4 +98,8 @@ def get_config() -> config_dict.ConfigDict:
     config.train.max_consecutive_skips = config_dict.FieldReference(100, field_type=int)
     config.train.divergence_factor = config_dict.FieldReference(10.0, field_type=float)
     config.train.preemption = True
+
+    config.clock = config_dict.ConfigDict()
+    config.clock.profile = config_dict.placeholder(str)
+    config.clock.devices = 1
     return config

@@ -2,8 +2,8 @@ r"""Projects a finished run's time to its final progress tau onto clusters we do
 
     python launch/simulate_cluster.py --run=/tmp/cluster_digits \
         --profile=configs/profiles/this_machine.py \
-        --profile=configs/profiles/nvlink_8gpu.py \
-        --profile=configs/profiles/ethernet_64gpu.py \
+        --profile=configs/profiles/assumed_nvlink_8gpu.py \
+        --profile=configs/profiles/assumed_ethernet_64gpu.py \
         --max_devices=1024 --out=docs/benchmarks/cluster_projection
 
 reads the run's TensorBoard train logs (`<run>/tensorboard/train`: the smoothed moments
@@ -94,8 +94,8 @@ _PROFILES = flags.DEFINE_multi_string(
     "profile",
     [
         "configs/profiles/this_machine.py",
-        "configs/profiles/nvlink_8gpu.py",
-        "configs/profiles/ethernet_64gpu.py",
+        "configs/profiles/assumed_nvlink_8gpu.py",
+        "configs/profiles/assumed_ethernet_64gpu.py",
     ],
     "Hardware profile config files (repeat the flag for several).",
 )
@@ -168,7 +168,7 @@ def check_profile(profile: Any, source: str = "profile") -> None:
 def load_profile(path: str) -> Any:
     """Loads and checks an ml_collections profile file (`get_config()`).
 
-    >>> load_profile(os.path.join(ROOT, "configs/profiles/nvlink_8gpu.py")).max_devices
+    >>> load_profile(os.path.join(ROOT, "configs/profiles/assumed_nvlink_8gpu.py")).max_devices
     8
     """
     if not os.path.isfile(path):

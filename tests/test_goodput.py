@@ -233,56 +233,65 @@ def test_goodput_policy_validates_its_arguments() -> None:
     assert "GoodputPolicy" in tf_adabatch.__all__ and "ThroughputModel" in tf_adabatch.__all__
 
 
-def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_small() -> None:
-    """One device, Trainer: a delay injected once per optimizer step (in the optimizer's
-    update of the model's single variable: alpha) makes the largest batch the fastest
-    way to progress, r(B) / T(B) ~ r(B) / alpha growing with B; a delay per micro-step
-    (in the loss: beta) makes the smallest one fastest, r(B) / (beta k) ~ r(B) / S
-    falling with B. The engine times the steps and feeds the policy's model."""
-    import time
+class ScriptedClock(tf_adabatch.clock.Clock):
+    """Charges every step `fixed + per_micro_step * k`, whatever the host measured."""
 
+    name = "scripted"
+    measures_host = False
+
+    def __init__(self, fixed: float, per_micro_step: float) -> None:
+        self.fixed, self.per_micro_step = fixed, per_micro_step
+        self.charged: list[tuple[int, int, float]] = []
+
+    def seconds(self, measured: float, batch_size: int, accumulation_steps: int) -> float:
+        seconds = self.fixed + self.per_micro_step * accumulation_steps
+        self.charged.append((batch_size, accumulation_steps, seconds))
+        return seconds
+
+
+def _goodput_run(clock: tf_adabatch.clock.Clock, steps: int = 20) -> dict:
     import keras
 
-    def run(step_delay: float, micro_delay: float) -> list[float]:
-        def sleep(seconds: float) -> None:
-            if seconds:
-                tf.py_function(lambda: time.sleep(seconds), [], [])
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
+    throughput = ThroughputModel(min_timings_per_k=2)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=keras.optimizers.SGD(0.01),
+        micro_batch_size=8,
+        policy=GoodputPolicy(
+            throughput, initial_batch_size=16, min_batch_size=8, max_batch_size=64
+        ),
+        similarity="estimated",
+        clock=clock,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4096, 4)).astype("float32")
+    y = (x.sum(1, keepdims=True) + 2.0 * rng.normal(size=(4096, 1))).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
+    history = trainer.fit(data, steps=steps, verbose=0)
+    assert int(throughput.ready) == 1
+    return history
 
-        class SlowSGD(keras.optimizers.SGD):
-            def update_step(self, gradient, variable, learning_rate):
-                sleep(step_delay)
-                return super().update_step(gradient, variable, learning_rate)
 
-        def loss(y_true, y_pred):
-            sleep(micro_delay)
-            return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
-
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
-        throughput = ThroughputModel(min_timings_per_k=2)
-        trainer = tf_adabatch.Trainer(
-            model,
-            loss=loss,
-            optimizer=SlowSGD(0.01),
-            micro_batch_size=8,
-            policy=GoodputPolicy(
-                throughput, initial_batch_size=16, min_batch_size=8, max_batch_size=64
-            ),
-            similarity="estimated",
-        )
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(4096, 4)).astype("float32")
-        y = (x.sum(1, keepdims=True) + 2.0 * rng.normal(size=(4096, 1))).astype("float32")
-        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
-        history = trainer.fit(data, steps=20, verbose=0)
-        assert int(throughput.ready) == 1
-        assert np.isnan(history["step_time"][0]) and np.isfinite(history["step_time"][1:]).all()
-        return history["batch_size"]
-
-    fixed = run(step_delay=0.1, micro_delay=0.0)
-    per_micro = run(step_delay=0.0, micro_delay=0.03)
-    assert fixed[-1] == 64.0, fixed
-    assert per_micro[-1] == 8.0, per_micro
+def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_small() -> None:
+    """One device, Trainer, a scripted clock (no sleeping, no host timing): a cost per
+    optimizer step (alpha) makes the largest batch the fastest way to progress,
+    r(B) / T(B) ~ r(B) / alpha growing with B; a cost per micro-step (beta) makes the
+    smallest one fastest, r(B) / (beta k) ~ r(B) / S falling with B (r <= S). The engine
+    charges every step the clock's seconds, the traced first one included, and feeds them
+    to the policy's model."""
+    fixed_clock = ScriptedClock(fixed=0.1, per_micro_step=1e-4)
+    fixed = _goodput_run(fixed_clock)
+    micro_clock = ScriptedClock(fixed=1e-4, per_micro_step=0.03)
+    per_micro = _goodput_run(micro_clock)
+    assert fixed["batch_size"][-1] == 64.0, fixed["batch_size"]
+    assert per_micro["batch_size"][-1] == 8.0, per_micro["batch_size"]
+    for history, clock in ((fixed, fixed_clock), (per_micro, micro_clock)):
+        assert len(clock.charged) == 20  # every step, the traced first one included
+        expected = [clock.fixed + clock.per_micro_step * k for k in history["accumulation_steps"]]
+        np.testing.assert_array_equal(history["step_time"], expected)
 
 
 def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoints(

@@ -9,6 +9,7 @@ True
 
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
+from tf_adabatch.clock import StepTimeModel, VirtualClock, WallClock
 from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
 from tf_adabatch.keras_fit import attach, load_model
 from tf_adabatch.lr_callbacks import LearningRateScheduler, ReduceLROnPlateau
@@ -48,8 +49,11 @@ __all__ = [
     "SimiGradPolicy",
     "StaticPolicy",
     "StepStats",
+    "StepTimeModel",
     "ThroughputModel",
     "Trainer",
+    "VirtualClock",
+    "WallClock",
     "attach",
     "load_model",
     "stats",

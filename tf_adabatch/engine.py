@@ -49,6 +49,7 @@ from typing_extensions import Unpack
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
 from tf_adabatch._checks import integer
+from tf_adabatch.clock import Clock, WallClock
 from tf_adabatch.measure import (
     SCOPES,
     GroupMeasurement,
@@ -226,6 +227,7 @@ class AdaptiveEngine:
         similarity, ema_decay = opts["similarity"], opts["ema_decay"]
         min_variance, jit_compile = opts["min_variance"], opts["jit_compile"]
         max_consecutive_skips = opts["max_consecutive_skips"]
+        self.clock: Clock = opts["clock"] or WallClock()
         check_objects(model, optimizer, strategy)
         self.strategy = strategy or tf.distribute.get_strategy()
         unsupported = tuple(
@@ -577,15 +579,19 @@ class AdaptiveEngine:
     def _timing(
         self, logs: dict[str, tf.Tensor], seconds: float, progress: float, *, traced: bool
     ) -> dict[str, Any]:
-        """Host-side timing of the step just taken (NaN for a step that traced).
+        """The step's charged time: the clock's `seconds` for the step just taken.
 
-        Feeds a `GoodputPolicy`'s throughput model with (k, seconds) of every applied
-        step that did not trace.
+        A host-measured step that traced is charged NaN (its time is the trace's). Feeds
+        a `GoodputPolicy`'s throughput model with (k, charged seconds) of every applied
+        step that has a time.
         """
-        if traced:
+        k = int(logs["accumulation_steps"])
+        if traced and self.clock.measures_host:
             seconds = float("nan")
-        elif isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):
-            self.policy.throughput.observe(int(logs["accumulation_steps"]), seconds)
+        else:
+            seconds = self.clock.seconds(seconds, int(logs["batch_size"]), k)
+            if isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):
+                self.policy.throughput.observe(k, seconds)
         # NumPy scalars: a `tf.constant` each would cost tens of microseconds per step.
         return {
             "step_time": np.float64(seconds),

@@ -9,6 +9,7 @@ from typing import Any
 from typing_extensions import Required, TypedDict
 
 from tf_adabatch._checks import is_real
+from tf_adabatch.clock import Clock
 from tf_adabatch.policies import BatchPolicy
 
 __all__ = ["EngineOptions", "check_objects", "resolve_options"]
@@ -39,9 +40,13 @@ class EngineOptions(TypedDict, total=False):
         reduce and apply steps too on a single replica). Default False.
       max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
         (non-finite) steps in a row (default 100); None never stops.
+      clock: what each optimizer step is charged (`step_time` in the logs and
+        summaries, and what a `GoodputPolicy` learns from): a `tf_adabatch.WallClock`
+        (the host's time; the default, None) or a `tf_adabatch.VirtualClock` (the time
+        a measured step-time profile predicts on N accelerators).
 
     >>> sorted(resolve_options({"micro_batch_size": 8}).items())[:3]
-    [('base_batch_size', None), ('ema_decay', None), ('jit_compile', False)]
+    [('base_batch_size', None), ('clock', None), ('ema_decay', None)]
     """
 
     micro_batch_size: Required[int]
@@ -52,6 +57,7 @@ class EngineOptions(TypedDict, total=False):
     min_variance: float
     jit_compile: bool
     max_consecutive_skips: int | None
+    clock: Clock | None
 
 
 _OPTION_DEFAULTS: dict[str, Any] = {
@@ -62,6 +68,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "min_variance": 1e-6,
     "jit_compile": False,
     "max_consecutive_skips": 100,
+    "clock": None,
 }
 
 
@@ -71,7 +78,7 @@ def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str
     >>> resolve_options({"micro_batch_size": 8, "batch": 4})
     Traceback (most recent call last):
     ...
-    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
+    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, clock, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
     """
     known = EngineOptions.__annotations__
     for name in options:
@@ -108,6 +115,8 @@ def _check_values(options: dict[str, Any]) -> None:
         refuse("min_variance", "a finite number >= 0")
     if not isinstance(options["jit_compile"], bool):
         refuse("jit_compile", "True or False")
+    if options["clock"] is not None and not isinstance(options["clock"], Clock):
+        refuse("clock", "a `tf_adabatch.WallClock()` or `tf_adabatch.VirtualClock(...)`, or None")
 
 
 def check_objects(

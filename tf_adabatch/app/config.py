@@ -261,6 +261,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         "be True or False",
         c.train.preemption,
     )
+    _require_int(c, "clock.devices", 1)
+    if c.clock.profile is not None:
+        try:
+            factories.load_step_time_model(c.clock.profile)
+        except ValueError as err:
+            raise ConfigError(
+                f"Config field `clock.profile` must {err}. Received: clock.profile={c.clock.profile!r}"
+            ) from err
     # The library's own rules (no TensorFlow op may run here: `make_strategy` comes first).
     _build("policy", lambda: factories.make_policy(c), factories.POLICY_ARGUMENTS[c.policy.kind][1])
     _build("lr", lambda: factories.make_schedule(c, 1), factories.SCHEDULE_ARGUMENTS)

@@ -10,7 +10,9 @@ create its strategy first).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 from typing import Any
 
 import keras
@@ -20,6 +22,7 @@ import tensorflow as tf
 from tf_adabatch import policies
 from tf_adabatch.app import cluster
 from tf_adabatch.app.models import build_model
+from tf_adabatch.clock import Clock, StepTimeModel, VirtualClock, WallClock
 from tf_adabatch.schedules import AdaptiveLearningRate
 
 __all__ = [
@@ -240,4 +243,68 @@ def make_optimizer(
         make_schedule(config, base_steps),
         momentum=config.optimizer.momentum,
         nesterov=config.optimizer.nesterov,
+    )
+
+
+# The measured step-time profiles (launch/fit_profiles.py writes them), beside the configs.
+PROFILES_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "configs",
+    "profiles",
+)
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(StepTimeModel))
+
+
+def measured_profiles() -> list[str]:
+    """Names of the measured step-time profiles in configs/profiles (for the clock).
+
+    >>> "cifar10_resnet18_t4" in measured_profiles()
+    True
+    """
+    names = []
+    for entry in sorted(os.listdir(PROFILES_DIR)):
+        if entry.endswith(".py") and not entry.startswith("_"):
+            with open(os.path.join(PROFILES_DIR, entry), encoding="utf-8") as f:
+                if 'config.kind = "measured"' in f.read():
+                    names.append(entry[:-3])
+    return names
+
+
+def load_step_time_model(profile: str) -> StepTimeModel:
+    """The `StepTimeModel` of a measured profile: a name in configs/profiles or a file.
+
+    Raises:
+      ValueError: naming the profile and what is wrong with it.
+
+    >>> load_step_time_model("cifar10_resnet18_t4").gpus_per_node
+    4
+    """
+    path = profile if profile.endswith(".py") else os.path.join(PROFILES_DIR, f"{profile}.py")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"be a measured profile, one of {measured_profiles()} or a profile file; no such file"
+        )
+    try:
+        spec = importlib.util.spec_from_file_location(f"_step_time_profile_{abs(hash(path))}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        loaded = module.get_config()
+        fields = {name: loaded[name] for name in _MODEL_FIELDS}
+        return StepTimeModel(**fields)
+    except Exception as err:  # a profile is user code: any failure in one line
+        raise ValueError(
+            "be a measured profile file whose get_config() holds the fields of "
+            f"tf_adabatch.StepTimeModel ({type(err).__name__}: {' '.join(str(err).split())})"
+        ) from err
+
+
+def make_clock(config: ml_collections.ConfigDict) -> Clock:
+    """The step clock: the host's (clock.profile None) or a profile's on clock.devices devices."""
+    if config.clock.profile is None:
+        return WallClock()
+    name = os.path.basename(config.clock.profile)
+    name = name[:-3] if name.endswith(".py") else name
+    return VirtualClock(
+        load_step_time_model(config.clock.profile), config.clock.devices, profile=name
     )

@@ -52,10 +52,12 @@ from tf_adabatch.app import preemption as preemption_lib
 from tf_adabatch.app.config import ConfigError, check_workdir, validate_config
 from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.workdir import WorkdirLock, WriteError, check_writable
+from tf_adabatch.clock import Clock, WallClock
 from tf_adabatch.engine import NonFiniteGradientsError
 from tf_adabatch.trainer import Trainer
 
 __all__ = [
+    "ChargeSteps",
     "CheckpointEvery",
     "EvaluateEvery",
     "Evaluation",
@@ -85,27 +87,67 @@ def total_steps(trainer: Trainer) -> int:
 class TrainClock:
     """Seconds spent training, evaluations excluded: time-to-accuracy's x-axis.
 
-    Checkpoint saves are included (a real run pays for them). `offset` is what the
+    With the host's clock (`step_clock` a `WallClock`), it is the process's elapsed
+    time less the evaluations: checkpoint saves are included (a real run pays for
+    them). With a virtual clock it is the sum of the steps' charged seconds
+    (`charge`, called with each step's `step_time` by `ChargeSteps`): the profiled
+    hardware's training time, with nothing of this host's in it. `offset` is what the
     run's earlier processes spent (restored from the checkpoint's `RunRecord`), so a
-    resumed run's clock goes on from there.
+    resumed run's clock goes on from there. `name` is the step clock's.
 
     >>> clock = TrainClock(offset=100.0)
     >>> clock.exclude(clock.seconds() - 100.0 + 60.0)  # an evaluation took a minute
-    >>> clock.seconds() < 100.0
-    True
+    >>> clock.seconds() < 100.0, clock.name
+    (True, 'wall')
+    >>> from tf_adabatch import StepTimeModel, VirtualClock
+    >>> virtual = TrainClock(offset=1.0, step_clock=VirtualClock(
+    ...     StepTimeModel(compute_fixed=0.5, compute_per_example=0.0), devices=1, profile="p"))
+    >>> virtual.charge(0.5); virtual.charge(0.5); virtual.seconds(), virtual.name
+    (2.0, 'virtual:px1')
     """
 
-    def __init__(self, *, offset: float = 0.0) -> None:
+    def __init__(self, *, offset: float = 0.0, step_clock: Clock | None = None) -> None:
         self.start = time.time()
         self.offset = offset
         self.excluded = 0.0
+        self.step_clock = step_clock or WallClock()
+        self.virtual = not self.step_clock.measures_host
+        self.charged = 0.0
+        self.name = self.step_clock.name
 
     def exclude(self, seconds: float) -> None:
         """Takes `seconds` (spent evaluating) out of the training time."""
         self.excluded += seconds
 
+    def charge(self, seconds: float) -> None:
+        """Adds a step's charged seconds (a virtual clock's; ignored by the host's)."""
+        if self.virtual and math.isfinite(seconds):
+            self.charged += seconds
+
     def seconds(self) -> float:
+        if self.virtual:
+            return self.offset + self.charged
         return self.offset + time.time() - self.start - self.excluded
+
+
+class ChargeSteps(keras.callbacks.Callback):
+    """Charges each step's `step_time` to a virtual `TrainClock` (first of the loop's actions).
+
+    >>> from tf_adabatch import StepTimeModel, VirtualClock
+    >>> clock = TrainClock(step_clock=VirtualClock(
+    ...     StepTimeModel(compute_fixed=0.25, compute_per_example=0.0), devices=1))
+    >>> ChargeSteps(clock).on_train_batch_end(0, {"step_time": 0.25})
+    >>> clock.seconds()
+    0.25
+    """
+
+    def __init__(self, clock: TrainClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None and "step_time" in logs:
+            self.clock.charge(float(logs["step_time"]))
 
 
 class Evaluation:
@@ -173,7 +215,11 @@ class Evaluation:
         with self.writer.as_default(step=step):
             for name, value in result.items():
                 tf.summary.scalar(summaries.eval_tag(name), value)
-            tf.summary.scalar(summaries.TRAIN_SECONDS, trained)
+            tf.summary.scalar(
+                summaries.TRAIN_SECONDS,
+                trained,
+                description=f"Seconds of training so far, evaluations excluded ({self.clock.name} clock).",
+            )
         self.writer.flush()
         self.step, self.result = step, result
         self.clock.exclude(time.time() - began)
@@ -350,12 +396,16 @@ def write_metrics(
     train_seconds: float,
     replicas: int,
     processes: int = 1,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """The summary action at the end: the final metrics, written to `path` (metrics.json).
 
     `wall_time_s` and `train_seconds` are the whole run's, over its `processes` (a
     resumed run's earlier processes included, from the checkpoint's `RunRecord`);
     steps and examples are the adaptive state's, which counts them over the run too.
+    `clock` names where `train_seconds` comes from: "wall" (this host) or
+    "virtual:<profile>x<devices>" (a measured profile's prediction; `wall_time_s` is
+    still this host's).
 
     Raises:
       WriteError: `path` cannot be written (the checkpoints are intact: rerunning
@@ -386,6 +436,7 @@ def write_metrics(
         "base_steps": base_steps,
         "wall_time_s": wall_time_s,
         "train_seconds": train_seconds,
+        "clock": clock,
         "processes": processes,
         "replicas": replicas,
     }
@@ -427,6 +478,7 @@ def _build(
             similarity=config.similarity,
             max_consecutive_skips=config.train.max_consecutive_skips,
             strategy=strategy,
+            clock=factories.make_clock(config),
         )
     except ValueError as err:  # what only the built strategy shows (multi-worker, TPU)
         raise ConfigError(f"Config: {err}") from err
@@ -589,7 +641,7 @@ def _run_locked(
             ) from err
 
     # The run's records go on from the checkpoint's (this process adds its share).
-    clock = TrainClock(offset=float(record.train_seconds.numpy()))
+    clock = TrainClock(offset=float(record.train_seconds.numpy()), step_clock=trainer.engine.clock)
     wall_offset = float(record.wall_seconds.numpy())
     processes = int(record.processes.numpy()) + 1
 
@@ -666,7 +718,7 @@ def _run_locked(
                 steps=remaining,
                 until_progress=float(base_steps),
                 summary_dir=os.path.join(tensorboard, "train"),
-                callbacks=[evaluating, saving],  # in this order at each step
+                callbacks=[ChargeSteps(clock), evaluating, saving],  # in this order
                 verbose=verbose,
             )
         except NonFiniteGradientsError as err:
@@ -691,6 +743,7 @@ def _run_locked(
         train_seconds=clock.seconds(),
         replicas=strategy.num_replicas_in_sync,
         processes=processes,
+        clock=clock.name,
     )
     log(
         f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {metrics['optimizer_steps']} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(outdir, 'metrics.json')}"

@@ -2,11 +2,11 @@ r"""64 GPUs (8 nodes x 8, or 64 single-GPU hosts) all-reducing over 100 Gb/s Eth
 ASSUMED figures: nothing here was measured (this machine has no GPU and no network).
 
     python launch/simulate_cluster.py --run=/tmp/cluster_digits \
-        --profile=configs/profiles/ethernet_64gpu.py
+        --profile=configs/profiles/assumed_ethernet_64gpu.py
 
 Assumptions, each a rough figure:
   seconds_per_example = 3e-6, fixed_seconds = 2e-3, min_examples_per_device = 1,
-      parallel_devices = None: the same V100-class GPU as nvlink_8gpu.py (see there).
+      parallel_devices = None: the same V100-class GPU as assumed_nvlink_8gpu.py (see there).
   bandwidth_bytes_per_second = 8e9    100 Gb/s is 12.5 GB/s line rate; NCCL over TCP
       sockets or RoCE typically reaches 60-90% of it as all-reduce bus bandwidth; ~65%
       assumed. The ring is limited by its slowest link, the network, so the whole ring
@@ -24,7 +24,7 @@ from ml_collections import config_dict
 
 def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
-    config.name = "ethernet_64gpu"
+    config.name = "assumed_ethernet_64gpu"
     config.seconds_per_example = 3e-6
     config.fixed_seconds = 2e-3
     config.bandwidth_bytes_per_second = 8e9

@@ -2,7 +2,7 @@ r"""8 GPUs in one node over NVLink (V100/A100 class). ASSUMED figures: nothing h
 measured (this machine has no GPU).
 
     python launch/simulate_cluster.py --run=/tmp/cluster_digits \
-        --profile=configs/profiles/nvlink_8gpu.py
+        --profile=configs/profiles/assumed_nvlink_8gpu.py
 
 Assumptions, each a rough figure:
   seconds_per_example = 3e-6   forward + backward of one 28x28 example through the
@@ -25,7 +25,7 @@ Assumptions, each a rough figure:
       (a GPU is badly used far above that, which the fixed cost models).
   parallel_devices = None      every GPU computes in parallel.
   max_devices = 8              one node; rows beyond 8 are extrapolations (a real
-      multi-node job would leave NVLink for the network: see ethernet_64gpu.py).
+      multi-node job would leave NVLink for the network: see assumed_ethernet_64gpu.py).
 """
 
 from ml_collections import config_dict
@@ -33,7 +33,7 @@ from ml_collections import config_dict
 
 def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
-    config.name = "nvlink_8gpu"
+    config.name = "assumed_nvlink_8gpu"
     config.seconds_per_example = 3e-6
     config.fixed_seconds = 2e-3
     config.bandwidth_bytes_per_second = 100e9
