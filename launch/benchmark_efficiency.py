@@ -16,6 +16,22 @@ change:
   simigrad_estimated simigrad_adascale with similarity='estimated' (no group all-reduce)
   goodput            GoodputPolicy picks the batch in [B0, 16 B0] with the most progress
                      per second on this machine, AdaScale
+  static_2x, _4x, _8x  static batch 2, 4, 8 B0 with AdaScale (with baseline and
+                     adascale_16x: the candidates of the oracle static batch below)
+
+GPU time (`--clock_profiles`, e.g. `cifar10_resnet18_t4,imagenet_resnet50_t4`, and
+`--clock_devices`, default 1,8,64): the runs train here, and their time is priced by a
+measured profile on N GPUs (the virtual clock, `configs/profiles/*_t4.py`). A run whose
+batches do not depend on time (every variant but goodput) runs once and is priced
+afterwards from its per-step batch sizes: each step costs what the profile predicts for
+its global batch on N GPUs (`StepTimeModel.step_seconds`), exactly what the virtual
+clock would have charged. Goodput learns its step times from the clock, so it runs once
+per profile and N, with `--config.clock.profile/devices`; its own reported seconds are
+checked against the same pricing. The threshold is 99 % of the baseline's mean final
+test accuracy (every baseline run must reach it); the oracle is the static variant
+(baseline, static_2x/4x/8x, adascale_16x) with the least mean time to it, chosen after
+the fact. `gpu_time.md` / the "gpu_time" key of results.json hold the table, with 95 %
+bootstrap intervals over seeds of each mean ratio.
 
 Time to accuracy: every evaluation records the seconds the run has spent training
 (evaluations excluded; `adabatch/train_seconds` in its eval logs). For each run, the
@@ -61,7 +77,12 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "simigrad_sqrt": ("simigrad", "sqrt", None),
     "simigrad_estimated": ("simigrad", "adascale", None),
     "goodput": ("goodput", "adascale", None),
+    "static_2x": ("static", "adascale", "2"),
+    "static_4x": ("static", "adascale", "4"),
+    "static_8x": ("static", "adascale", "8"),
 }
+# The oracle's candidates: the static batches in [B0, S B0].
+STATIC_VARIANTS = ("baseline", "static_2x", "static_4x", "static_8x", "adascale_16x")
 # Further overrides of some variants.
 EXTRA: dict[str, dict[str, Any]] = {"simigrad_estimated": {"similarity": "estimated"}}
 ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
@@ -81,10 +102,16 @@ flags.DEFINE_float("warmup_fraction", 0.2, "linear_16x: warm-up share of the bud
 flags.DEFINE_integer("scale", 16, "S of the static large-batch variants and SimiGrad's cap.")
 flags.DEFINE_list("override", [], "Extra config overrides, e.g. num_cpu_replicas=2.")
 flags.DEFINE_integer("timeout_per_run", 1800, "Seconds before a run is stopped (and failed).")
+flags.DEFINE_list(
+    "clock_profiles", [], "Measured profiles (configs/profiles) to price the runs' GPU time with."
+)
+flags.DEFINE_list(
+    "clock_devices", ["1", "8", "64"], "GPU counts N to price (with --clock_profiles)."
+)
 
 
-def _flags_for(variant: str, seed: int, b0: int) -> list[str]:
-    """The train.py overrides of one run."""
+def _flags_for(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None) -> list[str]:
+    """The train.py overrides of one run (`clock`: a virtual clock's profile and devices)."""
     kind, rule, static = VARIANTS[variant]
     values: dict[str, Any] = {
         "seed": seed,
@@ -93,7 +120,7 @@ def _flags_for(variant: str, seed: int, b0: int) -> list[str]:
         "policy.kind": kind,
         "lr.rule": rule,
         # SimiGrad starts at B0 and may grow to S B0; static runs hold their batch.
-        "policy.initial_batch_size": b0 * {None: 1, "1": 1, "S": FLAGS.scale}[static],
+        "policy.initial_batch_size": b0 * (FLAGS.scale if static == "S" else int(static or 1)),
         "policy.min_batch_size": b0,
         "policy.max_batch_size": FLAGS.scale * b0,
         "lr.warmup_base_epochs": (
@@ -101,6 +128,8 @@ def _flags_for(variant: str, seed: int, b0: int) -> list[str]:
         ),
         **EXTRA.get(variant, {}),
     }
+    if clock is not None:
+        values["clock.profile"], values["clock.devices"] = clock
     out = [f"--config.{key}={value}" for key, value in values.items()]
     return out + [f"--config.{item}" for item in FLAGS.override]
 
@@ -114,8 +143,9 @@ def _load_config(path: str) -> Any:
     return module.get_config()
 
 
-def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
-    workdir = Path(FLAGS.outdir) / variant / f"seed{seed}"
+def _run(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None) -> dict[str, Any]:
+    tag = "" if clock is None else f"{clock[0]}x{clock[1]}"
+    workdir = Path(FLAGS.outdir) / variant / tag / f"seed{seed}"
     metrics_path = workdir / "metrics.json"
     if not metrics_path.exists():
         cmd = [
@@ -123,7 +153,7 @@ def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
             str(ROOT / "launch" / "train.py"),
             f"--config={FLAGS.config}",
             f"--workdir={workdir}",
-            *_flags_for(variant, seed, b0),
+            *_flags_for(variant, seed, b0, clock),
         ]
         workdir.mkdir(parents=True, exist_ok=True)
         start = time.time()
@@ -166,6 +196,7 @@ def _run(variant: str, seed: int, b0: int) -> dict[str, Any]:
     return {
         "variant": variant,
         "seed": seed,
+        "clock": tag,
         "metrics": metrics,
         "curves": curves,
         "references": references,
@@ -180,6 +211,132 @@ def run_plan(variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     """
     n = len(variants)
     return [(variants[(i + j) % n], seed) for i, seed in enumerate(seeds) for j in range(n)]
+
+
+# ----------------------------------------------------------------- GPU time (virtual clock)
+
+
+def priced_seconds(run: dict[str, Any], model: Any, devices: int) -> list[tuple[int, float]]:
+    """(step, seconds) at each of the run's evaluations, every step priced by `model` on
+    `devices` GPUs: the sum of `model.step_seconds(batch, devices)` over the steps up to
+    and including the evaluation's step (a skipped step's batch was computed too).
+
+    >>> from tf_adabatch import StepTimeModel
+    >>> model = StepTimeModel(compute_fixed=1.0, compute_per_example=0.01)
+    >>> run = {"curves": {"batch_size": [(1, 100.0), (2, 100.0), (3, 200.0)],
+    ...                   "accuracy": [(2, 0.5), (3, 0.7)]}}
+    >>> priced_seconds(run, model, devices=1)  # 2 + 2 at step 2, + 3 at step 3
+    [(2, 4.0), (3, 7.0)]
+    """
+    total, at_step = 0.0, {}
+    for step, batch in run["curves"]["batch_size"]:
+        total += model.step_seconds(batch, devices)
+        at_step[int(step)] = total
+    return [(int(step), at_step.get(int(step), math.nan)) for step, _ in run["curves"]["accuracy"]]
+
+
+def seconds_to(run: dict[str, Any], priced: list[tuple[int, float]], target: float) -> float:
+    """Priced seconds at the run's first evaluation with accuracy >= `target` (inf: never).
+
+    >>> seconds_to({"curves": {"accuracy": [(2, 0.5), (3, 0.7)]}}, [(2, 4.0), (3, 7.0)], 0.6)
+    7.0
+    """
+    for (step, accuracy), (priced_step, seconds) in zip(
+        run["curves"]["accuracy"], priced, strict=True
+    ):
+        assert step == priced_step
+        if accuracy >= target:
+            return seconds
+    return math.inf
+
+
+def gpu_time(runs: list[dict[str, Any]], profiles: list[str], devices: list[int]) -> dict[str, Any]:
+    """Every variant's priced seconds to 99 % of the baseline's mean final accuracy, per
+    profile and N; the oracle static batch; ratios with bootstrap intervals over seeds.
+
+    Goodput's runs under a virtual clock are matched to their (profile, N); every other
+    run (host clock) is priced for every (profile, N). `checks` holds, for each goodput
+    run, the largest difference between the seconds it reported (its virtual clock's)
+    and its pricing here (they must agree).
+    """
+    from tf_adabatch.app import factories
+
+    host = [r for r in runs if not r.get("clock")]
+    finals = [float(r["metrics"]["test_accuracy"]) for r in host if r["variant"] == "baseline"]
+    if not finals:
+        raise app.UsageError("GPU time needs the baseline variant (its accuracy is the threshold).")
+    target = 0.99 * statistics.fmean(finals)
+    result: dict[str, Any] = {"target_accuracy": target, "tables": {}, "checks": []}
+    for profile in profiles:
+        model = factories.load_step_time_model(profile)
+        for n in devices:
+            key = f"{profile}x{n}"
+            times: dict[str, list[float]] = {}
+            for run in runs:
+                if run.get("clock") not in ("", key):
+                    continue
+                priced = priced_seconds(run, model, n)
+                if run.get("clock") == key:  # its own virtual clock's seconds must agree
+                    own = run["curves"]["accuracy_seconds"]
+                    result["checks"].append(
+                        max(
+                            abs(a - b) / max(b, 1e-12)
+                            for (a, _), (_, b) in zip(own, priced, strict=True)
+                        )
+                    )
+                elif run["variant"] == "goodput":
+                    continue  # a host-clock goodput run learned this CPU's times
+                times.setdefault(run["variant"], []).append(seconds_to(run, priced, target))
+            static = {v: statistics.fmean(t) for v, t in times.items() if v in STATIC_VARIANTS}
+            oracle = min(static, key=lambda v: static[v]) if static else None
+            rows = {}
+            for variant, mine in times.items():
+                row: dict[str, Any] = {"seconds": mine, "mean": statistics.fmean(mine)}
+                for ref in ("baseline", oracle):
+                    if ref in times and all(map(math.isfinite, mine + times[ref])):
+                        row[f"vs_{'oracle' if ref == oracle else ref}"] = (
+                            statistics.fmean(mine) / statistics.fmean(times[ref]),
+                            *ratio_interval(times[ref], mine),
+                        )
+                rows[variant] = row
+            result["tables"][key] = {"oracle": oracle, "rows": rows}
+    return result
+
+
+def gpu_time_markdown(result: dict[str, Any]) -> str:
+    """The GPU-time tables: one per profile and N."""
+    lines = [
+        f"Threshold: {100 * result['target_accuracy']:.2f} % test accuracy (99 % of the "
+        "baseline's mean final accuracy). Seconds: mean over seeds of the priced training "
+        "seconds to it; ratios: of the means, with the 95 % bootstrap interval over seeds.",
+    ]
+    if result["checks"]:
+        lines.append(
+            f"Goodput's own virtual-clock seconds against this pricing: largest relative "
+            f"difference {max(result['checks']):.1e} over {len(result['checks'])} runs."
+        )
+    for key, table in result["tables"].items():
+        lines += [
+            "",
+            f"**{key}** (oracle static batch: {table['oracle']})",
+            "",
+            "| variant | seeds | seconds to threshold | vs static B0 | vs oracle |",
+            "|---|---|---|---|---|",
+        ]
+        for variant, row in table["rows"].items():
+            cells = []
+            for ref in ("vs_baseline", "vs_oracle"):
+                if ref in row:
+                    ratio, lo, hi = row[ref]
+                    cells.append(f"{ratio:.2f}× ({lo:.2f}–{hi:.2f})")
+                else:
+                    cells.append("-")
+            mean = row["mean"]
+            shown = f"{mean:,.1f}" if math.isfinite(mean) else "not reached"
+            lines.append(
+                f"| {variant} | {len(row['seconds'])} | {shown} | {cells[0]} | {cells[1]} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -703,23 +860,44 @@ def main(argv: list[str]) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     runs = []
     start = time.time()
-    plan = run_plan(FLAGS.variants, [int(seed) for seed in FLAGS.seeds])
-    for i, (variant, seed) in enumerate(plan, 1):
+    profiles = list(FLAGS.clock_profiles)
+    devices = [int(n) for n in FLAGS.clock_devices]
+    if profiles:
+        from tf_adabatch.app import factories
+
+        known = factories.measured_profiles()
+        if unknown := sorted(set(profiles) - set(known)):
+            raise app.UsageError(f"--clock_profiles must be among {known}. Received: {unknown}")
+    # Goodput under virtual clocks: one run per profile and N (its batches follow the clock).
+    clocks: list[tuple[str, int] | None] = [(p, n) for p in profiles for n in devices] or [None]
+    plan = [
+        (variant, seed, clock)
+        for variant, seed in run_plan(FLAGS.variants, [int(seed) for seed in FLAGS.seeds])
+        for clock in (clocks if variant == "goodput" else [None])
+    ]
+    for i, (variant, seed, clock) in enumerate(plan, 1):
         t0 = time.time()
-        run = _run(variant, seed, b0)
+        run = _run(variant, seed, b0, clock)
         runs.append(run)
         m = run["metrics"]
         print(
-            f"[{i}/{len(plan)}] {variant} seed {seed}: accuracy {m['test_accuracy']:.4f}, "
+            f"[{i}/{len(plan)}] {variant}{' ' + run['clock'] if run['clock'] else ''} seed {seed}: accuracy {m['test_accuracy']:.4f}, "
             f"{m['optimizer_steps']} steps, average batch {m['average_batch_size']:.0f} "
             f"({time.time() - t0:.0f} s; {time.time() - start:.0f} s in all)",
             flush=True,
         )
-    rows, verdicts = summarize(runs)
-    (outdir / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    table = markdown(rows, verdicts) + "\n".join(similarity_modes(runs)) + "\n"
+    host = [r for r in runs if not r["clock"]]
+    rows, verdicts = summarize(host)
+    saved: dict[str, Any] = {"rows": rows, "runs": runs}
+    if profiles:
+        saved["gpu_time"] = gpu_time(runs, profiles, devices)
+        gpu_table = gpu_time_markdown(saved["gpu_time"])
+        (outdir / "gpu_time.md").write_text(gpu_table)
+        print(gpu_table)
+    (outdir / "results.json").write_text(json.dumps(saved, indent=1))
+    table = markdown(rows, verdicts) + "\n".join(similarity_modes(host)) + "\n"
     (outdir / "results.md").write_text(table)
-    paths = plot(runs, outdir)
+    paths = plot(host, outdir) if host else []
     print(table)
     print("Plots: " + ", ".join(str(p) for p in paths))
 

@@ -147,6 +147,34 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     again = script("benchmark_efficiency.py", *flags)
     assert again.returncode == 0 and (outdir / "results.md").read_text() == table
 
+    # GPU time: the finished baseline priced on 8 virtual T4 GPUs, one more static batch,
+    # and goodput trained under the virtual clock (its own seconds checked against the
+    # pricing).
+    gpu_flags = [
+        *[f for f in flags if not f.startswith("--variants=")],
+        "--variants=baseline,static_2x,goodput",
+        "--clock_profiles=cifar10_resnet18_t4",
+        "--clock_devices=8",
+    ]
+    priced = script("benchmark_efficiency.py", *gpu_flags)
+    assert priced.returncode == 0, priced.stdout[-2000:] + priced.stderr[-3000:]
+    gpu = json.loads((outdir / "results.json").read_text())["gpu_time"]
+    table8 = gpu["tables"]["cifar10_resnet18_t4x8"]
+    assert table8["oracle"] in ("baseline", "static_2x")
+    assert gpu["target_accuracy"] == pytest.approx(0.99 * base["test_accuracy"])
+    # By hand: every baseline step is a batch of 16 on 8 GPUs (2 examples on each, 2
+    # machines of 4), all at the same price; its first evaluation at or above the
+    # threshold comes after `step` steps.
+    from tf_adabatch.app import factories
+
+    per_step = factories.load_step_time_model("cifar10_resnet18_t4").step_seconds(16, 8)
+    threshold = gpu["target_accuracy"]
+    step = next(s for s, a in by["baseline"]["curves"]["accuracy"] if a >= threshold)
+    assert table8["rows"]["baseline"]["seconds"] == [pytest.approx(step * per_step, rel=1e-9)]
+    assert table8["rows"]["baseline"]["vs_baseline"][0] == pytest.approx(1.0)
+    assert len(gpu["checks"]) == 1 and gpu["checks"][0] < 1e-6
+    assert "**cifar10_resnet18_t4x8**" in (outdir / "gpu_time.md").read_text()
+
 
 def test_overhead_benchmark_smoke() -> None:
     """One configuration (the script's single-process path; more configurations only
