@@ -61,7 +61,13 @@ class Validation(NamedTuple):
 
 
 def read_validation(folder: str) -> dict[int, Validation]:
-    """Every `validation-<B>.csv` of a workload folder, by batch B."""
+    """Every `validation-<B>.csv` of a workload folder, by batch B.
+
+    >>> from tf_adabatch.app.step_time_fit import TRACES
+    >>> runs = read_validation(os.path.join(TRACES, "imagenet"))
+    >>> sorted(runs)[0], sorted(runs)[-1], len(runs[200].progress)
+    (200, 12800, 90)
+    """
     runs = {}
     for name in sorted(os.listdir(folder)):
         if name.startswith("validation-") and name.endswith(".csv"):
