@@ -507,7 +507,10 @@ MUTANTS = [
         "tf_adabatch/app/records.py",
         "            if self.exploding():\n                self._aside(pending)",
         "            if False:\n                self._aside(pending)",
-        (f"{WD}::test_a_resume_that_diverges_leaves_the_good_checkpoint_for_a_sane_rerun",),
+        (
+            f"{WD}::test_a_checkpoint_whose_weights_explode_is_set_aside_at_once_while_the_run_goes_on",
+            f"{WD}::test_a_resume_that_diverges_leaves_the_good_checkpoint_for_a_sane_rerun",
+        ),
         "a checkpoint whose weights' loss exploded is not the one a rerun resumes from",
     ),
     Mutant(

@@ -226,6 +226,34 @@ def test_a_run_whose_steps_are_all_skipped_does_not_end_as_a_success(tmp_path: P
     assert not (tmp_path / "metrics.json").exists()
 
 
+def test_a_checkpoint_whose_weights_explode_is_set_aside_at_once_while_the_run_goes_on() -> None:
+    """The guard's promise (docs/reliability.md): a checkpoint is judged by the loss of
+    the weights it holds, the next step's; if that loss explodes, the checkpoint is set
+    aside right then, before the run stops or is killed, so a rerun never resumes from
+    it. Losses by hand, factor 10: windows of means 1.5 (the first), 0.3 and 0.2 (the
+    best); 1.2 is below the first window's mean: kept; 80 is above 1.5 and above
+    10 x 0.2 = 2: exploding."""
+    from tf_adabatch.app.records import DivergenceGuard, RunRecord
+
+    aside: list[tuple[int, float]] = []
+    guard = DivergenceGuard(
+        RunRecord({}), factor=10.0, set_aside=lambda step, loss: aside.append((step, loss))
+    )
+    for window, checkpoint in (((2.0, 1.0), 2), ((0.5, 0.1), 4)):
+        for loss in window:
+            guard.observe(loss)
+        assert guard.save_point()
+        guard.saved(checkpoint)
+    guard.observe(0.2)  # ckpt-4's weights are fine
+    assert aside == [] and guard.save_point()
+    guard.saved(6)
+    guard.observe(1.2)  # ckpt-6: 6x the best window, but better than the first: kept
+    assert aside == [] and guard.save_point()
+    guard.saved(8)
+    guard.observe(80.0)  # ckpt-8's weights explode: aside at once, and no save now
+    assert aside == [(8, 80.0)] and not guard.save_point()
+
+
 def test_the_divergence_guard_needs_a_factor_above_one() -> None:
     with pytest.raises(
         app.ConfigError, match=r"`train.divergence_factor` must be a finite number > 1"
