@@ -292,9 +292,9 @@ def gpu_time(runs: list[dict[str, Any]], profiles: list[str], devices: list[int]
             rows = {}
             for variant, mine in times.items():
                 row: dict[str, Any] = {"seconds": mine, "mean": statistics.fmean(mine)}
-                for ref in ("baseline", oracle):
+                for name, ref in (("vs_baseline", "baseline"), ("vs_oracle", oracle)):
                     if ref in times and all(map(math.isfinite, mine + times[ref])):
-                        row[f"vs_{'oracle' if ref == oracle else ref}"] = (
+                        row[name] = (
                             statistics.fmean(mine) / statistics.fmean(times[ref]),
                             *ratio_interval(times[ref], mine),
                         )
