@@ -228,3 +228,19 @@ def test_fit_profiles_prints_every_error_column_and_refuses_unknown_workloads() 
         [sys.executable, script, "--workloads=gpt5"], capture_output=True, text=True, timeout=300
     )
     assert bad.returncode == 2 and "Received: --workloads=gpt5" in bad.stderr
+
+
+def test_attach_takes_the_clock_too() -> None:
+    """`model.fit` under `attach(..., clock=VirtualClock(...))`: the step time the engine
+    logs (what AdaBatchTensorBoard writes) is the profile's price of the step (batch 16
+    on 64 GPUs)."""
+    from tf_adabatch.keras_fit import last_step_logs
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    clock = VirtualClock(MODEL, devices=64, profile="example")
+    tf_adabatch.attach(model, micro_batch_size=16, clock=clock)
+    x = np.ones((64, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0)
+    assert float(last_step_logs(model)["step_time"]) == MODEL.step_seconds(16, 64)
