@@ -256,6 +256,14 @@ MUTANTS = [
         "a skipped step leaves the averages alone",
     ),
     Mutant(
+        "goodput_learns_from_skipped_steps",
+        "tf_adabatch/engine.py",
+        'if isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):',
+        "if isinstance(self.policy, GoodputPolicy):",
+        ("tests/test_goodput.py::test_a_skipped_step_teaches_the_throughput_model_nothing",),
+        "the throughput model learns from applied steps only (a skipped step's time is not a step's)",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

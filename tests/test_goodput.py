@@ -330,3 +330,67 @@ def test_config_policy_goodput_trains_resumes_and_keeps_its_timings_in_checkpoin
     config.train.max_steps = 12
     assert app.run(config, str(tmp_path), verbose=0)["optimizer_steps"] == 12
     assert saved_count() == 10
+
+
+def test_a_skipped_step_teaches_the_throughput_model_nothing() -> None:
+    """Only applied steps feed the throughput model (docs/reliability.md: a skipped step
+    leaves all state as it was). Steps 3, 7 and 8 get an infinite loss scale (non-finite
+    gradients: skipped), and a scripted clock charges them 100x an applied step. The
+    model's window must hold exactly the applied steps' (k, seconds), in order, and none
+    of the 100x charges."""
+    import keras
+
+    poisoned = {3, 7, 8}
+    poison = tf.Variable(0.0, trainable=False)
+
+    class Poison(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            poison.assign(1.0 if batch in poisoned else 0.0)
+
+    def loss(y_true, y_pred):
+        scale = tf.where(poison > 0, tf.constant(np.inf, tf.float32), 1.0)
+        return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1) * scale
+
+    class CostlySkips(ScriptedClock):
+        def seconds(self, measured, batch_size, accumulation_steps):
+            seconds = super().seconds(measured, batch_size, accumulation_steps)
+            return 100.0 * seconds if float(poison.numpy()) > 0 else seconds
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
+    throughput = ThroughputModel(min_timings_per_k=2)
+    clock = CostlySkips(fixed=0.01, per_micro_step=0.005)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss=loss,
+        optimizer=keras.optimizers.SGD(0.01),
+        micro_batch_size=8,
+        policy=GoodputPolicy(
+            throughput, initial_batch_size=16, min_batch_size=8, max_batch_size=64
+        ),
+        similarity="estimated",
+        clock=clock,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2048, 4)).astype("float32")
+    y = (x.sum(1, keepdims=True) + rng.normal(size=(2048, 1))).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
+    history = trainer.fit(data, steps=12, verbose=0, callbacks=[Poison()])
+    applied = [bool(a) for a in history["applied"]]
+    assert [i for i, a in enumerate(applied) if not a] == sorted(poisoned)  # the skips ran
+    skipped_times = [t for t, a in zip(history["step_time"], applied, strict=True) if not a]
+    assert min(skipped_times) >= 100 * 0.015  # charged 100x by the clock
+    expected = [
+        (k, t)
+        for k, t, a in zip(
+            history["accumulation_steps"], history["step_time"], applied, strict=True
+        )
+        if a
+    ]
+    count = int(throughput.count.numpy())
+    assert count == len(expected) == 12 - len(poisoned)
+    window = list(
+        zip(throughput.timings_k.numpy()[:count], throughput.timings_s.numpy()[:count], strict=True)
+    )
+    assert window == [(float(k), float(t)) for k, t in expected]
+    assert max(t for _, t in window) < 1.0
