@@ -264,6 +264,16 @@ MUTANTS = [
         "the throughput model learns from applied steps only (a skipped step's time is not a step's)",
     ),
     Mutant(
+        "goodput_exploration_skips_the_top",
+        "tf_adabatch/policies.py",
+        "step = tf.where(current + unit <= self.max_batch_size,",
+        "step = tf.where(current + unit < self.max_batch_size,",
+        (
+            "tests/test_goodput.py::test_exploration_at_the_top_tries_the_largest_batch_and_never_passes_it",
+        ),
+        "exploring one unit below the top tries max_batch_size itself",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

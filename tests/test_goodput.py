@@ -394,3 +394,20 @@ def test_a_skipped_step_teaches_the_throughput_model_nothing() -> None:
     )
     assert window == [(float(k), float(t)) for k, t in expected]
     assert max(t for _, t in window) < 1.0
+
+
+def test_exploration_at_the_top_tries_the_largest_batch_and_never_passes_it() -> None:
+    """Exploring (the throughput model not ready), a timed batch one unit below
+    max_batch_size moves up to max_batch_size itself, and from the top it explores down:
+    never past it. Unit 8, range [8, 64]; one timing per k is enough."""
+    model = ThroughputModel(min_timings_per_k=1)
+    policy = GoodputPolicy(model, initial_batch_size=56, min_batch_size=8, max_batch_size=64)
+    policy.build(batch_unit=8)
+    stats = StepStats.make(grad_sqr=1.0, trace_sigma=100.0)
+    assert int(model.ready) == 0
+    assert int(policy.next_batch_size(56, stats)) == 64  # the top is tried
+    model.observe(7, 1.0)  # the host timed the step at 56 (k = 7)
+    assert int(model.ready) == 0  # one value of k timed: still exploring
+    assert int(policy.next_batch_size(64, stats)) == 56  # from the top: one unit down
+    for batch in range(8, 65, 8):  # wherever it explores from, it stays in range
+        assert 8 <= int(policy.next_batch_size(batch, stats)) <= 64
