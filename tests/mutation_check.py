@@ -274,6 +274,16 @@ MUTANTS = [
         "exploring one unit below the top tries max_batch_size itself",
     ),
     Mutant(
+        "rollback_skips_the_local_finiteness_check",
+        "tf_adabatch/rollback.py",
+        "            if check_finite:\n                self._checked.extend(sources)",
+        "            if False:\n                self._checked.extend(sources)",
+        (
+            "tests/test_rollback.py::test_an_update_that_leaves_only_a_moving_statistic_infinite_is_skipped_and_undone",
+        ),
+        "a step that leaves only a moving statistic non-finite is skipped",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

@@ -229,3 +229,45 @@ def test_the_finiteness_check_sees_every_variable_and_each_kind_of_non_finite_va
     assert checked == 12
     weights[1].assign(tf.fill([2, 2], 1e37))  # sum 4e37 < 3.4e38: finite
     assert bool(rollback.all_finite())
+
+
+def test_an_update_that_leaves_only_a_moving_statistic_infinite_is_skipped_and_undone() -> None:
+    """docs/reliability.md: a step that leaves any state non-finite is skipped, the
+    per-replica state (BatchNormalization's moving statistics) included. One example of
+    1e25 in step 2 makes that micro-batch's variance of feature 0 overflow float32 (its
+    square is 1e50 > 3.4e38): the moving variance becomes inf, while the normalised
+    output there is (x - mean) / sqrt(inf) = 0, so the loss, the gradients and the new
+    weights stay finite. The step must be skipped, everything bit for bit as before it."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(3)]
+    )
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=keras.optimizers.SGD(0.05),
+        micro_batch_size=M,
+        policy=tf_adabatch.StaticPolicy(M),
+        similarity="estimated",
+    )
+    x, y = regression_data(4 * M)
+    x[M + 1, 0] = 1e25  # step 2's micro-batch
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, M)))
+    assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0
+    before = snapshot(trainer)
+    # What the step would write, computed outside the engine: finite gradients, an
+    # infinite moving variance.
+    xb, yb = x[M : 2 * M], y[M : 2 * M]
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(yb, model(xb, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert all(np.isfinite(g.numpy()).all() for g in grads) and np.isfinite(loss.numpy())
+    variance = model.layers[0].moving_variance.numpy()
+    assert np.isinf(variance[0]) and np.isfinite(variance[1:]).all()
+    for v in model.variables:  # undo that probe's writes: the engine starts from `before`
+        v.assign(before[f"model/{v.path}"])
+    logs = trainer.engine.train_step(iterator)
+    assert float(logs["applied"]) == 0.0
+    after = snapshot(trainer)
+    assert assert_unchanged(before, after) == len(before) - 3
+    assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0  # trains on
