@@ -284,6 +284,16 @@ MUTANTS = [
         "a step that leaves only a moving statistic non-finite is skipped",
     ),
     Mutant(
+        "sigterm_at_start_up_forgotten",
+        "tf_adabatch/app/preemption.py",
+        "        self.manager = manager\n        self.reinstall()",
+        "        self.manager = manager\n        self.signalled = False\n        self.reinstall()",
+        (
+            "tests/test_preemption.py::test_a_sigterm_while_the_run_starts_is_kept_and_saves_at_the_first_step",
+        ),
+        "a SIGTERM before the checkpoint manager exists still saves at the first step",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

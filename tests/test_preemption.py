@@ -136,3 +136,25 @@ def test_preemption_outside_the_main_thread_is_a_config_error(tmp_path: Path) ->
     with pytest.raises(app.ConfigError, match=r"`train.preemption` must be False .* main thread"):
         raise raised[0]
     assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_sigterm_while_the_run_starts_is_kept_and_saves_at_the_first_step(tmp_path) -> None:
+    """A SIGTERM after the handler is installed but before the checkpoint manager exists
+    (the run is still loading data, building the model) must not be forgotten: once the
+    watch starts, the first step boundary saves ckpt-1 and raises Preempted (exit 143)."""
+    watch = PreemptionWatch()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not watch.signalled and time.monotonic() < deadline:
+            time.sleep(0.01)  # Python runs the handler between bytecodes of the main thread
+        assert watch.signalled
+        v = tf.Variable(1.0)
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path), 2)
+        watch.start(tf.distribute.get_strategy(), manager)
+        with pytest.raises(Preempted) as preempted:
+            watch.after_step(1)
+        assert preempted.value.step == 1 and preempted.value.exit_code == 143
+        assert checkpoint_numbers(str(tmp_path)) == [1]
+    finally:
+        watch.close()
