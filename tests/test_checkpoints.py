@@ -290,3 +290,25 @@ def test_a_resume_on_another_batch_unit_keeps_the_global_batch(tmp_path: Path, c
         summaries.read_scalars(str(tmp_path / "tensorboard" / "train"))["adabatch/batch_size"]
     )
     assert logged[5] == expected, (batch, logged)
+
+
+def test_an_older_checkpoint_half_deleted_by_a_killed_rotation_does_not_stop_the_resume(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILL while the manager rotates (it deletes an old checkpoint's index, then its
+    data) leaves an older ckpt-N with data and no index. The resume restores the newest
+    and rewrites the state file without it (it raised FileNotFoundError, seen once in a
+    loaded full suite run, 2026-12-07)."""
+    v = tf.Variable(0.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path), 3)
+    for n in (1, 2, 3):
+        v.assign(float(n))
+        manager.save(checkpoint_number=n)
+    (tmp_path / "ckpt-1.index").unlink()  # the rotation's first deletion, then the kill
+    v.assign(0.0)
+    prefix, notes = checkpoints.restore_newest_readable(
+        tf.train.Checkpoint(v=v), str(tmp_path), repair=True
+    )
+    assert prefix.endswith("ckpt-3") and float(v.numpy()) == 3.0 and notes == []
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    assert [p.rsplit("/", 1)[-1] for p in state.all_model_checkpoint_paths] == ["ckpt-2", "ckpt-3"]

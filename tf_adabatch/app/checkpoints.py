@@ -220,7 +220,14 @@ def restore_newest_readable(
             moved = _move_aside(directory, bad, stamp) if repair else "left in place"
             notes.append(f"ckpt-{bad} is damaged ({reason}); {moved}")
         if repair:
-            _write_state_file(directory, [n for n in sorted(numbers) if n <= number])
+            # An older checkpoint without its index is what a kill in the middle of the
+            # manager's rotation leaves (the index is deleted first): not listed.
+            listed = [
+                n
+                for n in sorted(numbers)
+                if n <= number and os.path.exists(os.path.join(directory, f"ckpt-{n}.index"))
+            ]
+            _write_state_file(directory, listed)
         return prefix, notes
     if damaged:
         listing = "; ".join(f"ckpt-{n}: {reason}" for n, reason in damaged)
