@@ -477,6 +477,22 @@ MUTANTS = [
         ("tests/test_goodput.py",),
         "per-k medians make the fit robust to outliers",
     ),
+    Mutant(
+        "throughput_window_not_circular",
+        "tf_adabatch/throughput.py",
+        "slot = tf.reshape(self.count % self.window, [1, 1])",
+        "slot = tf.reshape(tf.minimum(self.count, self.window - 1), [1, 1])",
+        ("tests/test_goodput.py",),
+        "a full window replaces its oldest timing, so the model follows a changed machine",
+    ),
+    Mutant(
+        "throughput_min_timings_ignored",
+        "tf_adabatch/throughput.py",
+        "kept = counts >= min_timings_per_k",
+        "kept = counts >= 1",
+        ("tests/test_goodput.py",),
+        "a value of k counts in the fit only with min_timings_per_k timings",
+    ),
     # ---------------------------------------------------------------- elastic resume, inputs
     Mutant(
         "resume_keeps_k_on_another_topology",
@@ -574,6 +590,42 @@ MUTANTS = [
         "",
         ("tf_adabatch/summaries.py",),
         "no infinite value blanks a TensorBoard chart",
+    ),
+    Mutant(
+        "summaries_ignore_the_callers_record_if",
+        "tf_adabatch/summaries.py",
+        "tf.summary.record_if(record):",
+        "tf.summary.record_if(True):",
+        (
+            "tests/test_summaries.py::test_step_scalars_are_written_by_one_compiled_call_per_tag_set",
+        ),
+        "the caller's recording condition holds for the compiled step writer",
+    ),
+    Mutant(
+        "summaries_policy_lines_dropped",
+        "tf_adabatch/summaries.py",
+        "for name, value in policy_scalars(policy).items():",
+        "for name, value in {}.items():",
+        ("tests/test_summaries.py::test_policy_target_and_bounds_are_lines_at_every_step",),
+        "the policy's target and bounds are drawn beside the batch size and similarity",
+    ),
+    Mutant(
+        "state_file_lists_a_half_deleted_checkpoint",
+        "tf_adabatch/app/checkpoints.py",
+        'if n <= number and os.path.exists(os.path.join(directory, f"ckpt-{n}.index"))',
+        "if n <= number",
+        (
+            "tests/test_checkpoints.py::test_an_older_checkpoint_half_deleted_by_a_killed_rotation_does_not_stop_the_resume",
+        ),
+        "a kill during the manager's rotation does not stop the next resume",
+    ),
+    Mutant(
+        "second_ctrl_c_does_not_quit",
+        "tf_adabatch/app/preemption.py",
+        "            raise KeyboardInterrupt  # a second Ctrl-C: quit at once",
+        "            pass  # a second Ctrl-C: quit at once",
+        (f"{WD}::test_a_second_ctrl_c_quits_at_once",),
+        "a second Ctrl-C quits at once, without saving",
     ),
 ]
 
