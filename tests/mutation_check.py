@@ -620,6 +620,16 @@ MUTANTS = [
         "a kill during the manager's rotation does not stop the next resume",
     ),
     Mutant(
+        "damaged_checkpoint_left_in_place",
+        "tf_adabatch/app/checkpoints.py",
+        'moved = _move_aside(directory, bad, stamp) if repair else "left in place"',
+        'moved = "left in place"',
+        (
+            "tests/test_checkpoints.py::test_damaged_newest_checkpoint_is_passed_over_kept_aside_and_its_number_reused",
+        ),
+        "a damaged checkpoint is renamed aside, so its number is reused by the next save",
+    ),
+    Mutant(
         "second_ctrl_c_does_not_quit",
         "tf_adabatch/app/preemption.py",
         "            raise KeyboardInterrupt  # a second Ctrl-C: quit at once",
