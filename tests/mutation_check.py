@@ -294,6 +294,16 @@ MUTANTS = [
         "a SIGTERM before the checkpoint manager exists still saves at the first step",
     ),
     Mutant(
+        "carry_uses_the_new_unit",
+        "tf_adabatch/engine.py",
+        "batch = int(self.state.accumulation_steps.numpy()) * saved",
+        "batch = int(self.state.accumulation_steps.numpy()) * unit",
+        (
+            "tests/test_checkpoints.py::test_two_resumes_on_other_replica_counts_keep_the_global_batch_written_by_hand",
+        ),
+        "a resume on another replica count keeps the saved global batch (k x the saved unit)",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

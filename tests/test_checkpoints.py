@@ -312,3 +312,49 @@ def test_an_older_checkpoint_half_deleted_by_a_killed_rotation_does_not_stop_the
     assert prefix.endswith("ckpt-3") and float(v.numpy()) == 3.0 and notes == []
     state = tf.train.get_checkpoint_state(str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in state.all_model_checkpoint_paths] == ["ckpt-2", "ckpt-3"]
+
+
+def test_two_resumes_on_other_replica_counts_keep_the_global_batch_written_by_hand(
+    tmp_path: Path,
+) -> None:
+    """The batch unit (replicas x micro-batch 8) goes 16 -> 24 -> 8 over two resumes, with
+    k = 5 saved on the first: global batch 80. On 3 replicas the nearest multiple of 24
+    is 72 (80 / 24 = 3.33: k = 3); on one replica 72 is reachable (k = 9); SimiGrad's
+    bounds [48, 240] hold all three. Expected, by
+    hand: batches 80, 72, 72; units 16, 24, 8 in each saved state."""
+    import keras
+
+    import tf_adabatch
+
+    from conftest import get_strategy
+
+    def trainer(replicas: int) -> tf_adabatch.Trainer:
+        strategy = get_strategy(replicas)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            optimizer = keras.optimizers.SGD(0.1)
+        return tf_adabatch.Trainer(
+            model,
+            loss="mse",
+            optimizer=optimizer,
+            micro_batch_size=8,
+            policy=tf_adabatch.SimiGradPolicy(
+                0.5, initial_batch_size=48, min_batch_size=48, max_batch_size=240
+            ),
+            similarity="exact",
+            strategy=strategy,
+        )
+
+    first = trainer(2)
+    first.state.accumulation_steps.assign(5)
+    assert first.batch_size == 80 and int(first.state.batch_unit.numpy()) == 16
+    path = first.checkpoint.save(str(tmp_path / "a" / "ckpt"))
+    batches, units = [80], [16]
+    for replicas in (3, 1):
+        resumed = trainer(replicas)
+        resumed.restore(path)
+        assert resumed.engine.carry_batch_over() is not None  # another unit: it says so
+        batches.append(resumed.batch_size)
+        units.append(int(resumed.state.batch_unit.numpy()))
+        path = resumed.checkpoint.save(str(tmp_path / f"r{replicas}" / "ckpt"))
+    assert batches == [80, 72, 72] and units == [16, 24, 8]
