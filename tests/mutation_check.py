@@ -304,6 +304,16 @@ MUTANTS = [
         "a resume on another replica count keeps the saved global batch (k x the saved unit)",
     ),
     Mutant(
+        "estimated_similarity_at_the_micro_batch",
+        "tf_adabatch/measure.py",
+        "similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch)",
+        "similarity = S.estimated_similarity(moments.grad_sqr, moments.trace_sigma, batch / tf.cast(reading.num_micro, batch.dtype))",
+        (
+            "tests/test_estimated_similarity.py::test_one_replica_at_a_batch_other_than_b0_gives_the_closed_form_of_its_micro_gradients",
+        ),
+        "one replica's estimated similarity is read at the step's batch B",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_adabatch
@@ -120,3 +121,52 @@ def test_follows_an_abrupt_change_of_the_noise_within_ten_steps() -> None:
         assert abs(values[before + settle :].mean() - expected) < 0.03, (mode, replicas)
         checked += 1
     assert checked == 3
+
+
+def test_one_replica_at_a_batch_other_than_b0_gives_the_closed_form_of_its_micro_gradients() -> (
+    None
+):
+    """One replica, estimated mode, k = 4 micro-steps of m = 8 (B = 32) while B0 = 8: the
+    step's similarity is that of `stats.estimated_similarity` at B (not B0) from the
+    step's unbiased moments, written out (its docstring):
+
+        c = (B |gbar|^2 - m mean_sq) / ((B - 2m) |gbar|^2 + m mean_sq),
+
+    with g_i = (2 / m) X_i^T (X_i w - y_i) the mean-squared-error gradient of micro-batch i
+    of a linear model y = X w, gbar their mean and mean_sq the mean of |g_i|^2, all in
+    numpy from the data and the initial weights."""
+    m, k = 8, 4
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4 * m * k, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1)) + rng.normal(size=(4 * m * k, 1))).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1, use_bias=False)])
+    w = model.weights[0].numpy().astype(np.float64)
+    trainer = tf_adabatch.Trainer(
+        model,
+        loss="mse",
+        optimizer=keras.optimizers.SGD(0.01),
+        micro_batch_size=m,
+        base_batch_size=m,
+        policy=tf_adabatch.StaticPolicy(m * k),
+        similarity="estimated",
+    )
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(m, drop_remainder=True)
+    iterator = iter(trainer.distribute(data))
+    logs = trainer.engine.train_step(iterator)
+    assert int(logs["batch_size"]) == 32 and int(logs["accumulation_steps"]) == k
+    xs, ys = x[: m * k].astype(np.float64), y[: m * k].astype(np.float64)
+    grads = [
+        (2.0 / m)
+        * xs[i * m : (i + 1) * m].T
+        @ (xs[i * m : (i + 1) * m] @ w - ys[i * m : (i + 1) * m])
+        for i in range(k)
+    ]
+    gbar_sq = float(np.sum(np.mean(grads, axis=0) ** 2))
+    mean_sq = float(np.mean([np.sum(g**2) for g in grads]))
+    b = m * k
+    expected = (b * gbar_sq - m * mean_sq) / ((b - 2 * m) * gbar_sq + m * mean_sq)
+    assert float(logs["similarity"]) == pytest.approx(expected, rel=1e-4)
+    # At B0 instead of B the same moments would read another similarity: the test can tell.
+    at_b0 = (m * gbar_sq - m * mean_sq) / ((m - 2 * m) * gbar_sq + m * mean_sq)
+    assert abs(at_b0 - expected) > 0.05
