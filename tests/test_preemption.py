@@ -158,3 +158,36 @@ def test_a_sigterm_while_the_run_starts_is_kept_and_saves_at_the_first_step(tmp_
         assert checkpoint_numbers(str(tmp_path)) == [1]
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("signal_at", [2, 3])
+def test_a_signal_at_a_scripted_step_saves_at_the_next_boundary_only(
+    tmp_path: Path, signal_at: int
+) -> None:
+    """The signal is sent during step `signal_at` (scripted, no timing): the save comes at
+    that step's boundary, not at a periodic save (every 5 steps) nor at any other step.
+    Expected by hand: ckpt-`signal_at` only, holding that step's value."""
+    v = tf.Variable(0.0)
+    checkpoint = tf.train.Checkpoint(v=v)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=100)
+    watch = PreemptionWatch()
+    try:
+        watch.start(tf.distribute.get_strategy(), manager)
+        action = CheckpointEvery(manager, every=5, restored_step=0, preemption=watch)
+        with pytest.raises(Preempted) as info:
+            for step in range(1, 10):
+                v.assign(float(step))
+                if step == signal_at:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 10
+                    while not watch.signalled and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
+    finally:
+        watch.close()
+    assert info.value.step == signal_at
+    assert checkpoint_numbers(str(tmp_path)) == [signal_at]
+    value = tf.train.load_checkpoint(info.value.checkpoint).get_tensor(
+        "v/.ATTRIBUTES/VARIABLE_VALUE"
+    )
+    assert value == float(signal_at)
