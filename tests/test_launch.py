@@ -488,12 +488,17 @@ def test_unreadable_checkpoints_stop_with_one_line_and_none_overrides_parse(tmp_
 
 
 def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -> None:
+    """Static batch B0 = 32 on the synthetic set's 4,096 examples: an epoch is 128 base
+    steps, so evaluating every 1/64 epoch is every 2.0 of progress; at the base batch
+    the gain is 1 and progress is the step count. Expected, by hand: evaluations at
+    steps 2, 4 and 6 (the last is also the final one: evaluated once)."""
     result = launch(
         "synthetic.py",
         tmp_path,
         "--config.strategy=one_device",
+        "--config.policy.kind=static",
         "--config.train.max_steps=6",
-        "--config.train.eval_every_base_epochs=0.05",
+        "--config.train.eval_every_base_epochs=0.015625",
         timeout=TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -508,8 +513,8 @@ def test_evaluations_during_training_are_printed_one_line_each(tmp_path: Path) -
     written = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))[
         summaries.eval_tag("loss")
     ]
-    assert [int(line.split()[3]) for line in lines] == [step for step, _ in written]
-    assert len(lines) >= 2
+    assert [int(line.split()[3]) for line in lines] == [2, 4, 6]
+    assert [step for step, _ in written] == [2, 4, 6]
     # Each evaluation also records the seconds spent training so far (evaluations
     # excluded): one value per evaluation, increasing, within the run's totals.
     seconds = summaries.read_scalars(str(tmp_path / "tensorboard" / "eval"))[
