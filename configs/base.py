@@ -17,12 +17,18 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   micro_batch_size          examples per replica per micro-step
   base_batch_size           B0: the batch the learning rate and schedule are tuned for
   similarity                exact (group cosine) | estimated (from scalars: replica norms)
-  policy.kind               static | simigrad | noise_scale | goodput
+  policy.kind               static | simigrad | noise_scale | goodput | critical_warmup |
+                            norm_test
   policy.initial_batch_size / min_batch_size / max_batch_size   global batch sizes
   policy.target_similarity, step, interval, smoothing           SimiGrad controller
   policy.factor             noise_scale: batch = factor x noise scale
   policy.hysteresis         goodput: relative gain in predicted progress per second needed
                             to change the batch (pair goodput with lr.rule=adascale)
+  policy.margin, growth_factor  critical_warmup: multiply the batch by growth_factor when
+                            the smoothed noise scale >= margin x the grown batch; never shrink
+                            (Merrill et al. 2025; pair with adascale, or sqrt for Adam)
+  policy.theta              norm_test: grow to the smallest batch with B >= noise scale /
+                            theta^2 (Byrd et al. 2012, AdAdaGrad); never shrink
   optimizer.learning_rate   base learning rate at B0; momentum, nesterov: SGD
   lr.rule                   adascale | sqrt | linear | none
   lr.schedule               cosine (over the base run) | constant
@@ -77,6 +83,9 @@ def get_config() -> config_dict.ConfigDict:
     config.policy.smoothing = config_dict.placeholder(float)
     config.policy.factor = 1.0
     config.policy.hysteresis = 0.05
+    config.policy.margin = 1.0
+    config.policy.growth_factor = 2
+    config.policy.theta = 1.0
 
     config.optimizer = config_dict.ConfigDict()
     config.optimizer.learning_rate = 0.05

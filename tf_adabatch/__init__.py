@@ -10,6 +10,7 @@ True
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
 from tf_adabatch.clock import StepTimeModel, VirtualClock, WallClock
+from tf_adabatch.critical_batch import CriticalBatchWarmupPolicy, NormTestPolicy, SeesawPolicy
 from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
 from tf_adabatch.keras_fit import attach, load_model
 from tf_adabatch.lr_callbacks import LearningRateScheduler, ReduceLROnPlateau
@@ -37,15 +38,18 @@ __all__ = [
     "AdaptiveLearningRate",
     "AdaptiveState",
     "BatchPolicy",
+    "CriticalBatchWarmupPolicy",
     "EngineOptions",
     "GoodputPolicy",
     "LearningRateScale",
     "LearningRateScheduler",
     "NoiseScalePolicy",
     "NonFiniteGradientsError",
+    "NormTestPolicy",
     "ProgressBudget",
     "ReduceLROnPlateau",
     "SchedulePolicy",
+    "SeesawPolicy",
     "SimiGradPolicy",
     "StaticPolicy",
     "StepStats",

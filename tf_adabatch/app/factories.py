@@ -19,7 +19,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from tf_adabatch import policies
+from tf_adabatch import critical_batch, policies
 from tf_adabatch.app import cluster
 from tf_adabatch.app.models import build_model
 from tf_adabatch.clock import Clock, StepTimeModel, VirtualClock, WallClock
@@ -65,6 +65,11 @@ POLICY_ARGUMENTS: dict[str, tuple[type[policies.BatchPolicy], dict[str, str]]] =
         policies.GoodputPolicy,
         {"base_batch_size": "base_batch_size", "hysteresis": "policy.hysteresis", **_BOUNDS},
     ),
+    "critical_warmup": (
+        critical_batch.CriticalBatchWarmupPolicy,
+        {"margin": "policy.margin", "factor": "policy.growth_factor", **_BOUNDS},
+    ),
+    "norm_test": (critical_batch.NormTestPolicy, {"theta": "policy.theta", **_BOUNDS}),
 }
 POLICIES = tuple(POLICY_ARGUMENTS)
 
