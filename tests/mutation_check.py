@@ -314,6 +314,22 @@ MUTANTS = [
         "one replica's estimated similarity is read at the step's batch B",
     ),
     Mutant(
+        "norm_test_rounds_down",
+        "tf_adabatch/critical_batch.py",
+        "units = tf.math.ceil(tf.minimum(needed, float(self.max_batch_size)) / self.batch_unit)",
+        "units = tf.math.floor(tf.minimum(needed, float(self.max_batch_size)) / self.batch_unit)",
+        ("tests/test_critical_batch.py",),
+        "the norm test's batch is the smallest multiple of the unit that passes",
+    ),
+    Mutant(
+        "seesaw_counts_points_after_tau",
+        "tf_adabatch/critical_batch.py",
+        "tf.constant(self.decay_points, tf.float64) <= tau",
+        "tf.constant(self.decay_points, tf.float64) < tau",
+        ("tests/test_critical_batch.py",),
+        "Seesaw's batch doubles at the decay point itself",
+    ),
+    Mutant(
         "skip_feeds_the_policy",
         "tf_adabatch/engine.py",
         "proposed = tf.cond(\n            finite,",
