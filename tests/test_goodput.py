@@ -249,7 +249,10 @@ class ScriptedClock(tf_adabatch.clock.Clock):
         return seconds
 
 
-def _goodput_run(clock: tf_adabatch.clock.Clock, steps: int = 20) -> dict:
+def _goodput_run(
+    clock: tf_adabatch.clock.Clock, steps: int = 20, *, loss="mse", callbacks=(), ready=True
+) -> tuple[dict, ThroughputModel]:
+    """One device, a linear model, GoodputPolicy in [8, 64] from 16, micro-batch 8."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -257,7 +260,7 @@ def _goodput_run(clock: tf_adabatch.clock.Clock, steps: int = 20) -> dict:
     throughput = ThroughputModel(min_timings_per_k=2)
     trainer = tf_adabatch.Trainer(
         model,
-        loss="mse",
+        loss=loss,
         optimizer=keras.optimizers.SGD(0.01),
         micro_batch_size=8,
         policy=GoodputPolicy(
@@ -270,9 +273,10 @@ def _goodput_run(clock: tf_adabatch.clock.Clock, steps: int = 20) -> dict:
     x = rng.normal(size=(4096, 4)).astype("float32")
     y = (x.sum(1, keepdims=True) + 2.0 * rng.normal(size=(4096, 1))).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
-    history = trainer.fit(data, steps=steps, verbose=0)
-    assert int(throughput.ready) == 1
-    return history
+    history = trainer.fit(data, steps=steps, verbose=0, callbacks=list(callbacks))
+    if ready:
+        assert int(throughput.ready) == 1
+    return history, throughput
 
 
 def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_small() -> None:
@@ -283,9 +287,9 @@ def test_end_to_end_a_costly_fixed_part_makes_batches_large_a_costly_micro_step_
     charges every step the clock's seconds, the traced first one included, and feeds them
     to the policy's model."""
     fixed_clock = ScriptedClock(fixed=0.1, per_micro_step=1e-4)
-    fixed = _goodput_run(fixed_clock)
+    fixed, _ = _goodput_run(fixed_clock)
     micro_clock = ScriptedClock(fixed=1e-4, per_micro_step=0.03)
-    per_micro = _goodput_run(micro_clock)
+    per_micro, _ = _goodput_run(micro_clock)
     assert fixed["batch_size"][-1] == 64.0, fixed["batch_size"]
     assert per_micro["batch_size"][-1] == 8.0, per_micro["batch_size"]
     for history, clock in ((fixed, fixed_clock), (per_micro, micro_clock)):
@@ -356,26 +360,10 @@ def test_a_skipped_step_teaches_the_throughput_model_nothing() -> None:
             seconds = super().seconds(measured, batch_size, accumulation_steps)
             return 100.0 * seconds if float(poison.numpy()) > 0 else seconds
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
-    throughput = ThroughputModel(min_timings_per_k=2)
     clock = CostlySkips(fixed=0.01, per_micro_step=0.005)
-    trainer = tf_adabatch.Trainer(
-        model,
-        loss=loss,
-        optimizer=keras.optimizers.SGD(0.01),
-        micro_batch_size=8,
-        policy=GoodputPolicy(
-            throughput, initial_batch_size=16, min_batch_size=8, max_batch_size=64
-        ),
-        similarity="estimated",
-        clock=clock,
+    history, throughput = _goodput_run(
+        clock, steps=12, loss=loss, callbacks=[Poison()], ready=False
     )
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(2048, 4)).astype("float32")
-    y = (x.sum(1, keepdims=True) + rng.normal(size=(2048, 1))).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
-    history = trainer.fit(data, steps=12, verbose=0, callbacks=[Poison()])
     applied = [bool(a) for a in history["applied"]]
     assert [i for i, a in enumerate(applied) if not a] == sorted(poisoned)  # the skips ran
     skipped_times = [t for t, a in zip(history["step_time"], applied, strict=True) if not a]

@@ -29,6 +29,14 @@ from tf_adabatch.policies import StepStats, _BoundedPolicy
 __all__ = ["CriticalBatchWarmupPolicy", "NormTestPolicy", "SeesawPolicy"]
 
 
+def _growth_factor(factor: int) -> int:
+    """`factor` if it is an integer >= 2, else one line naming it."""
+    factor = integer("factor", factor)
+    if factor < 2:
+        raise ValueError(f"Argument `factor` must be an integer >= 2. Received: factor={factor}")
+    return factor
+
+
 class CriticalBatchWarmupPolicy(_BoundedPolicy):
     """Batch-size warm-up that follows the critical batch: grow by integer factors only.
 
