@@ -93,11 +93,7 @@ class CriticalBatchWarmupPolicy(_BoundedPolicy):
             max_batch_size=max_batch_size,
         )
         real("margin", margin, "a finite number > 0", lambda v: 0 < v < math.inf)
-        factor = integer("factor", factor)
-        if factor < 2:
-            raise ValueError(
-                f"Argument `factor` must be an integer >= 2. Received: factor={factor}"
-            )
+        factor = _growth_factor(factor)
         self.margin, self.factor = margin, factor
 
     def next_batch_size(self, batch_size: tf.Tensor, stats: StepStats) -> tf.Tensor:
@@ -171,11 +167,7 @@ class SeesawPolicy(_BoundedPolicy):
                 "Argument `decay_points` must be a non-empty, increasing sequence of finite "
                 f"progress values > 0. Received: decay_points={decay_points!r}"
             )
-        factor = integer("factor", factor)
-        if factor < 2:
-            raise ValueError(
-                f"Argument `factor` must be an integer >= 2. Received: factor={factor}"
-            )
+        factor = _growth_factor(factor)
         self.decay_points, self.factor = [float(p) for p in points], factor
         # The batches reachable by whole factors from the initial one, up to the cap.
         self._batches = [initial_batch_size]
