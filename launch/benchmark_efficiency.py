@@ -706,6 +706,48 @@ def accuracy_window(runs: list[dict[str, Any]]) -> tuple[float, float, list[str]
     return lowest - pad, highest + 0.2 * pad, trained
 
 
+def plot_gpu_time(result: dict[str, Any], path: Path) -> Path:
+    """gpu_time.png: priced seconds to the threshold against the GPUs N, log-log, one
+    panel per profile; the static variants' best (the oracle) as one line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = sorted({key.rsplit("x", 1)[0] for key in result["tables"]})
+    fig, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4.2), squeeze=False)
+    for ax, profile in zip(axes[0], profiles, strict=True):
+        tables = {
+            int(key.rsplit("x", 1)[1]): table
+            for key, table in result["tables"].items()
+            if key.rsplit("x", 1)[0] == profile
+        }
+        ns = sorted(tables)
+        lines: dict[str, list[float]] = {}
+        for n in ns:
+            rows, oracle = tables[n]["rows"], tables[n]["oracle"]
+            for variant, row in rows.items():
+                lines.setdefault(variant, []).append(row["mean"])
+            lines.setdefault("oracle static", []).append(
+                rows[oracle]["mean"] if oracle else math.nan
+            )
+        for variant, values in lines.items():
+            if variant in STATIC_VARIANTS and variant != "baseline":
+                continue  # drawn as the oracle line
+            style = "--" if variant == "oracle static" else "-"
+            ax.plot(ns, values, style, marker="o", label=variant)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("GPUs N (4 per machine)")
+        ax.set_ylabel("priced seconds to the threshold")
+        ax.set_title(f"{profile} (virtual clock)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
     """accuracy.png (against steps, examples and training seconds) and adaptation.png.
 
@@ -893,6 +935,7 @@ def main(argv: list[str]) -> None:
         saved["gpu_time"] = gpu_time(runs, profiles, devices)
         gpu_table = gpu_time_markdown(saved["gpu_time"])
         (outdir / "gpu_time.md").write_text(gpu_table)
+        plot_gpu_time(saved["gpu_time"], outdir / "gpu_time.png")
         print(gpu_table)
     (outdir / "results.json").write_text(json.dumps(saved, indent=1))
     table = markdown(rows, verdicts) + "\n".join(similarity_modes(host)) + "\n"

@@ -174,6 +174,7 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     assert table8["rows"]["baseline"]["vs_baseline"][0] == pytest.approx(1.0)
     assert len(gpu["checks"]) == 1 and gpu["checks"][0] < 1e-6
     assert "**cifar10_resnet18_t4x8**" in (outdir / "gpu_time.md").read_text()
+    assert (outdir / "gpu_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_overhead_benchmark_smoke() -> None:
