@@ -290,7 +290,9 @@ def gpu_time(runs: list[dict[str, Any]], profiles: list[str], devices: list[int]
             static = {v: statistics.fmean(t) for v, t in times.items() if v in STATIC_VARIANTS}
             oracle = min(static, key=lambda v: static[v]) if static else None
             rows = {}
-            for variant, mine in times.items():
+            for variant, mine in sorted(
+                times.items(), key=lambda item: list(VARIANTS).index(item[0])
+            ):
                 row: dict[str, Any] = {"seconds": mine, "mean": statistics.fmean(mine)}
                 for name, ref in (("vs_baseline", "baseline"), ("vs_oracle", oracle)):
                     if ref in times and all(map(math.isfinite, mine + times[ref])):
