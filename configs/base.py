@@ -18,7 +18,7 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   base_batch_size           B0: the batch the learning rate and schedule are tuned for
   similarity                exact (group cosine) | estimated (from scalars: replica norms)
   policy.kind               static | simigrad | noise_scale | goodput | critical_warmup |
-                            norm_test
+                            norm_test | seesaw
   policy.initial_batch_size / min_batch_size / max_batch_size   global batch sizes
   policy.target_similarity, step, interval, smoothing           SimiGrad controller
   policy.factor             noise_scale: batch = factor x noise scale
@@ -29,9 +29,13 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
                             (Merrill et al. 2025; pair with adascale, or sqrt for Adam)
   policy.theta              norm_test: grow to the smallest batch with B >= noise scale /
                             theta^2 (Byrd et al. 2012, AdAdaGrad); never shrink
+                            seesaw: the batch grows by growth_factor at each of
+                            lr.decay_fractions of the budget (Meterez et al. 2025); pair with
+                            lr.schedule=step, lr.decay_factor=1/growth_factor, lr.rule=sqrt
   optimizer.learning_rate   base learning rate at B0; momentum, nesterov: SGD
   lr.rule                   adascale | sqrt | linear | none
-  lr.schedule               cosine (over the base run) | constant
+  lr.schedule               cosine (over the base run) | constant | step (x lr.decay_factor
+                            at each of lr.decay_fractions of the budget)
   lr.gain_power             1 (SGD); 0.5 for Adam-like optimizers
   lr.warmup_base_epochs     linear rule only: warm-up length
   train.base_epochs         the budget: epochs at the base batch (progress tau)
@@ -97,6 +101,8 @@ def get_config() -> config_dict.ConfigDict:
     config.lr.schedule = "cosine"
     config.lr.gain_power = 1.0
     config.lr.warmup_base_epochs = 0.0
+    config.lr.decay_fractions = (0.5, 0.75)
+    config.lr.decay_factor = 0.5
 
     config.train = config_dict.ConfigDict()
     config.train.base_epochs = 10.0

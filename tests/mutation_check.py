@@ -322,12 +322,12 @@ MUTANTS = [
         "the norm test's batch is the smallest multiple of the unit that passes",
     ),
     Mutant(
-        "seesaw_counts_points_after_tau",
+        "seesaw_grows_at_the_boundary",
         "tf_adabatch/critical_batch.py",
-        "tf.constant(self.decay_points, tf.float64) <= tau",
         "tf.constant(self.decay_points, tf.float64) < tau",
+        "tf.constant(self.decay_points, tf.float64) <= tau",
         ("tests/test_critical_batch.py",),
-        "Seesaw's batch doubles at the decay point itself",
+        "Seesaw's batch grows past a decay point, when Keras's step schedule decays",
     ),
     Mutant(
         "skip_feeds_the_policy",

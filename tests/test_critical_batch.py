@@ -1,7 +1,7 @@
 """The 2024-2026 batch policies against values derived by hand from their rules.
 
 Critical-batch warm-up (factor f, margin a): B -> f B when B_crit >= a f B and f B <= max.
-Seesaw (points p_1 < p_2 < ..., factor f): B(tau) = B_init f^#{p_i <= tau}, capped at the
+Seesaw (points p_1 < p_2 < ..., factor f): B(tau) = B_init f^#{p_i < tau}, capped at the
 largest B_init f^n <= max; with rule "sqrt" and a base schedule falling by f at the same
 points, the rate falls by sqrt(f) at each.
 Norm test (theta): B -> max(B, the smallest multiple of the unit >= tr(Sigma) / (theta^2 |g|^2)),
@@ -11,6 +11,7 @@ within [min, max].
 from __future__ import annotations
 
 import math
+import re
 
 import keras
 import pytest
@@ -67,8 +68,9 @@ def test_warmup_margin_and_factor() -> None:
 def test_seesaw_doubles_at_each_decay_point_and_stops_at_the_cap() -> None:
     policy = SeesawPolicy([100.0, 200.0, 300.0], initial_batch_size=64, max_batch_size=256)
     policy.build(batch_unit=32)
-    # 64 before 100; 128 from 100; 256 from 200; from 300, 512 > 256: capped at 256.
-    expected = {0.0: 64, 99.9: 64, 100.0: 128, 199.0: 128, 200.0: 256, 300.0: 256, 1e6: 256}
+    # 64 up to 100 (a point belongs to the interval before it, as Keras's boundaries);
+    # 128 past 100; 256 past 200; past 300, 512 > 256: capped at 256.
+    expected = {0.0: 64, 100.0: 64, 100.5: 128, 200.0: 128, 200.5: 256, 300.5: 256, 1e6: 256}
     for tau, batch in expected.items():
         assert decide(policy, 64, progress=tau) == batch, tau
     assert decide(policy, 256, progress=0.0) == 256  # never shrinks (a restored run)
@@ -87,7 +89,7 @@ def test_seesaw_with_the_sqrt_rule_decays_the_rate_by_one_over_sqrt_two() -> Non
     policy.build(batch_unit=64)
     rates = []
     for tau in (50.0, 150.0, 250.0):
-        batch = decide(policy, 64, progress=tau)
+        batch = decide(policy, 64, progress=tau)  # 64, 128, 256
         factor = float(rule.factor(1.0, batch / 64.0, tau))
         rates.append(float(rule.base_learning_rate(tf.constant(tau))) * factor)
     assert rates == pytest.approx([0.1, 0.1 / math.sqrt(2.0), 0.1 / 2.0], rel=1e-6)
@@ -117,7 +119,7 @@ def test_norm_test_grows_to_the_smallest_passing_multiple_and_never_shrinks() ->
         norm_test(0.0)
 
 
-@pytest.mark.parametrize("kind", ["critical_warmup", "norm_test"])
+@pytest.mark.parametrize("kind", ["critical_warmup", "norm_test", "seesaw"])
 def test_the_config_kinds_build_and_train_a_few_steps(kind: str, tmp_path) -> None:
     from configs import synthetic
     from tf_adabatch.app import run
@@ -125,5 +127,56 @@ def test_the_config_kinds_build_and_train_a_few_steps(kind: str, tmp_path) -> No
     config = synthetic.get_config()
     config.strategy, config.train.max_steps = "one_device", 4
     config.policy.kind = kind
+    if kind == "seesaw":
+        config.lr.schedule, config.lr.rule = "step", "sqrt"
     metrics = run(config, str(tmp_path), verbose=0)
     assert metrics["optimizer_steps"] == 4
+
+
+def test_the_step_schedule_and_seesaw_from_a_config_decay_at_the_same_points() -> None:
+    """Budget 1000 base steps, lr.decay_fractions (0.5, 0.75), factor 0.5, rate 0.1:
+    the base rate is 0.1 up to tau = 500, 0.05 up to 750, then 0.025 (Keras's
+    boundaries); Seesaw doubles the batch past the same points; with rule sqrt the rate
+    is 0.1, 0.1 / sqrt(2), 0.1 / 2: never a step where only one of them moved."""
+    from configs import base
+    from tf_adabatch.app import factories, validate_config
+
+    config = base.get_config()
+    config.policy.kind, config.lr.schedule, config.lr.rule = "seesaw", "step", "sqrt"
+    config.policy.initial_batch_size, config.policy.max_batch_size = 128, 1024
+    config.base_batch_size, config.optimizer.learning_rate = 128, 0.1
+    validate_config(config)
+    schedule = factories.make_schedule(config, base_steps=1000)
+    policy = factories.make_policy(config, base_steps=1000)
+    policy.build(batch_unit=128)
+    assert policy.decay_points == [500.0, 750.0]
+    rates, batches = [], []
+    for tau in (0.0, 500.0, 501.0, 750.0, 751.0, 999.0):
+        batch = decide(policy, 128, progress=tau)
+        factor = float(schedule.factor(1.0, batch / 128.0, tau))
+        rates.append(float(schedule.base_learning_rate(tf.constant(tau))) * factor)
+        batches.append(batch)
+    assert batches == [128, 128, 256, 256, 512, 512]
+    r, half = 0.1, 0.1 / math.sqrt(2.0)
+    assert rates == pytest.approx([r, r, half, half, r / 2.0, r / 2.0], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "field,value,rule",
+    [
+        ("lr.decay_fractions", (0.75, 0.5), "increasing sequence of fractions"),
+        ("lr.decay_fractions", (), "increasing sequence of fractions"),
+        ("lr.decay_fractions", (0.5, 1.5), "increasing sequence of fractions"),
+        ("lr.decay_factor", 1.0, "in (0, 1)"),
+    ],
+)
+def test_step_schedule_fields_are_checked(field: str, value, rule: str) -> None:
+    from configs import base
+    from tf_adabatch.app import ConfigError, validate_config
+
+    config = base.get_config()
+    config.lr.schedule = "step"
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=rf"`{field}` must .*{re.escape(rule)}"):
+        validate_config(config)

@@ -114,10 +114,12 @@ class SeesawPolicy(_BoundedPolicy):
     models. The batch is a function of progress tau (base-batch steps; under the
     square-root rule tau counts examples / B0):
 
-        B(tau) = initial_batch_size x factor^n(tau),  n(tau) = #decay points <= tau,
+        B(tau) = initial_batch_size x factor^n(tau),  n(tau) = #decay points < tau,
 
     capped at the largest such batch <= max_batch_size (from there on the schedule's
-    decays are no longer replaced: say so in your schedule). It never shrinks.
+    decays are no longer replaced: say so in your schedule). It never shrinks. A point
+    belongs to the interval before it, as a boundary of Keras's
+    `PiecewiseConstantDecay` does, so the batch grows exactly when that schedule decays.
 
     Learning rate: give `AdaptiveLearningRate` the step-decay base schedule itself (e.g.
     `keras.optimizers.schedules.PiecewiseConstantDecay` with its boundaries at the same
@@ -136,7 +138,7 @@ class SeesawPolicy(_BoundedPolicy):
 
     >>> policy = SeesawPolicy([100.0, 200.0], initial_batch_size=64, max_batch_size=512)
     >>> policy.build(batch_unit=32)
-    >>> [int(policy.next_batch_size(64, StepStats.make(progress=t))) for t in (50.0, 100.0, 250.0)]
+    >>> [int(policy.next_batch_size(64, StepStats.make(progress=t))) for t in (50.0, 101.0, 250.0)]
     [64, 128, 256]
 
     References:
@@ -177,7 +179,7 @@ class SeesawPolicy(_BoundedPolicy):
     def batch_at(self, progress: tf.Tensor) -> tf.Tensor:
         """B(tau) (int64, graph-safe)."""
         tau = tf.cast(progress, tf.float64)
-        passed = tf.reduce_sum(tf.cast(tf.constant(self.decay_points, tf.float64) <= tau, tf.int64))
+        passed = tf.reduce_sum(tf.cast(tf.constant(self.decay_points, tf.float64) < tau, tf.int64))
         index = tf.minimum(passed, len(self._batches) - 1)
         return tf.gather(tf.constant(self._batches, tf.int64), index)
 

@@ -10,6 +10,7 @@ evaluation, checkpoints), and which batch sizes the strategy it will build can r
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
@@ -269,6 +270,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(
                 f"Config field `clock.profile` must {err}. Received: clock.profile={c.clock.profile!r}"
             ) from err
+    if c.lr.schedule == "step" or c.policy.kind == "seesaw":
+        fractions = c.lr.decay_fractions
+        _require(
+            isinstance(fractions, tuple | list)
+            and len(fractions) > 0
+            and all(_is_real(f) and 0 < f < 1 for f in fractions)
+            and all(b > a for a, b in itertools.pairwise(fractions)),
+            "lr.decay_fractions",
+            "be a non-empty, increasing sequence of fractions of the budget in (0, 1)",
+            fractions,
+        )
+        _require_real(c, "lr.decay_factor", "in (0, 1)", lambda v: 0 < v < 1)
     # The library's own rules (no TensorFlow op may run here: `make_strategy` comes first).
     _build("policy", lambda: factories.make_policy(c), factories.POLICY_ARGUMENTS[c.policy.kind][1])
     _build("lr", lambda: factories.make_schedule(c, 1), factories.SCHEDULE_ARGUMENTS)

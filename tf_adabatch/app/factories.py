@@ -70,6 +70,16 @@ POLICY_ARGUMENTS: dict[str, tuple[type[policies.BatchPolicy], dict[str, str]]] =
         {"margin": "policy.margin", "factor": "policy.growth_factor", **_BOUNDS},
     ),
     "norm_test": (critical_batch.NormTestPolicy, {"theta": "policy.theta", **_BOUNDS}),
+    # decay_points: the step schedule's decay fractions x the budget (`make_policy`).
+    "seesaw": (
+        critical_batch.SeesawPolicy,
+        {
+            "decay_points": "lr.decay_fractions",
+            "factor": "policy.growth_factor",
+            "initial_batch_size": "policy.initial_batch_size",
+            "max_batch_size": "policy.max_batch_size",
+        },
+    ),
 }
 POLICIES = tuple(POLICY_ARGUMENTS)
 
@@ -80,7 +90,7 @@ SCHEDULE_ARGUMENTS = {
     "gain_power": "lr.gain_power",
     "warmup_steps": "lr.warmup_base_epochs",
 }
-LR_SCHEDULES = ("cosine", "constant")
+LR_SCHEDULES = ("cosine", "constant", "step")
 
 
 def field(config: ml_collections.ConfigDict, name: str) -> Any:
@@ -197,8 +207,11 @@ def make_model(
     return build_model(config.model, input_shape, num_classes, seed=config.seed)
 
 
-def make_policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
+def make_policy(config: ml_collections.ConfigDict, base_steps: float = 1.0) -> policies.BatchPolicy:
     """The batch-size policy `config.policy.kind`, from the fields in `POLICY_ARGUMENTS`.
+
+    `base_steps` (the budget in base steps) turns Seesaw's decay fractions into progress
+    values; the check of a config before the data is loaded passes 1.
 
     Raises:
       ValueError, TypeError: the policy refuses an argument (its message names it).
@@ -206,9 +219,21 @@ def make_policy(config: ml_collections.ConfigDict) -> policies.BatchPolicy:
     >>> from configs import base
     >>> type(make_policy(base.get_config())).__name__
     'SimiGradPolicy'
+    >>> config = base.get_config()
+    >>> config.policy.kind, config.policy.max_batch_size = "seesaw", 512
+    >>> list(make_policy(config, base_steps=1000).decay_points)  # lr.decay_fractions (0.5, 0.75)
+    [500.0, 750.0]
     """
     cls, arguments = POLICY_ARGUMENTS[config.policy.kind]
-    return cls(**{name: field(config, source) for name, source in arguments.items()})
+    kwargs = {name: field(config, source) for name, source in arguments.items()}
+    points = kwargs.get("decay_points")
+    if isinstance(points, tuple | list) and all(_is_number(p) for p in points):
+        kwargs["decay_points"] = [float(p) * base_steps for p in points]
+    return cls(**kwargs)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def make_schedule(config: ml_collections.ConfigDict, base_steps: int) -> AdaptiveLearningRate:
@@ -229,6 +254,13 @@ def make_schedule(config: ml_collections.ConfigDict, base_steps: int) -> Adaptiv
     base: float | keras.optimizers.schedules.LearningRateSchedule = lr
     if config.lr.schedule == "cosine":
         base = keras.optimizers.schedules.CosineDecay(lr, decay_steps=base_steps)
+    elif config.lr.schedule == "step":
+        # Multiplied by lr.decay_factor at each of lr.decay_fractions of the budget.
+        fractions, factor = list(config.lr.decay_fractions), config.lr.decay_factor
+        base = keras.optimizers.schedules.PiecewiseConstantDecay(
+            [float(f) * base_steps for f in fractions],
+            [lr * factor**i for i in range(len(fractions) + 1)],
+        )
     warmup = round(config.lr.warmup_base_epochs * base_steps / config.train.base_epochs)
     return AdaptiveLearningRate(
         base, config.lr.rule, gain_power=config.lr.gain_power, warmup_steps=warmup

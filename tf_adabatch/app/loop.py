@@ -474,7 +474,7 @@ def _build(
             optimizer=optimizer,
             micro_batch_size=config.micro_batch_size,
             base_batch_size=config.base_batch_size,
-            policy=factories.make_policy(config),
+            policy=factories.make_policy(config, base_steps),
             similarity=config.similarity,
             max_consecutive_skips=config.train.max_consecutive_skips,
             strategy=strategy,
