@@ -7,8 +7,9 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   deterministic             bit-reproducible ops (tf.config.experimental.enable_op_determinism,
                             process-wide; slower): a resumed run then ends exactly where an
                             uninterrupted one does
-  dataset                   fashion_mnist | digits | synthetic
-  model                     cnn | mlp
+  dataset                   fashion_mnist | digits | synthetic | python_text (byte windows
+                            of the Python standard library's source, for the transformer)
+  model                     cnn | mlp (images) | transformer (token sequences)
   strategy                  mirrored | one_device | multi_worker | tpu
   cluster                   multi_worker only: how the workers find each other:
                             tf_config (TF_CONFIG; Kubernetes TFJob) | slurm (srun's environment)
@@ -32,7 +33,9 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
                             seesaw: the batch grows by growth_factor at each of
                             lr.decay_fractions of the budget (Meterez et al. 2025); pair with
                             lr.schedule=step, lr.decay_factor=1/growth_factor, lr.rule=sqrt
+  optimizer.name            sgd | adamw (pair adamw with lr.gain_power=0.5)
   optimizer.learning_rate   base learning rate at B0; momentum, nesterov: SGD
+  optimizer.weight_decay    Keras's decoupled weight decay (0: none)
   lr.rule                   adascale | sqrt | linear | none
   lr.schedule               cosine (over the base run) | constant | step (x lr.decay_factor
                             at each of lr.decay_fractions of the budget)
@@ -95,6 +98,8 @@ def get_config() -> config_dict.ConfigDict:
     config.optimizer.learning_rate = 0.05
     config.optimizer.momentum = 0.9
     config.optimizer.nesterov = False
+    config.optimizer.name = "sgd"
+    config.optimizer.weight_decay = 0.0
 
     config.lr = config_dict.ConfigDict()
     config.lr.rule = "adascale"

@@ -18,6 +18,19 @@ change:
                      per second on this machine, AdaScale
   static_2x, _4x, _8x  static batch 2, 4, 8 B0 with AdaScale (with baseline and
                      adascale_16x: the candidates of the oracle static batch below)
+  critical_warmup    CriticalBatchWarmupPolicy: x2 when the smoothed noise scale reaches
+                     the doubled batch, never shrinks (Merrill et al. 2025), AdaScale
+  norm_test          NormTestPolicy: the smallest batch the norm test passes, never
+                     shrinks (Byrd et al. 2012), AdaScale
+  seesaw             SeesawPolicy on the step-decay schedule (x1/2 at 1/2 and 3/4 of the
+                     budget): the batch doubles there instead, rate x sqrt(S) (Meterez
+                     et al. 2025)
+
+Policies (`policies.md`, `policies.png`, whenever one of the variants of
+`POLICY_VARIANTS` ran): each policy's optimizer steps, examples and seconds (priced
+GPU seconds with `--clock_profiles`) to the baseline's mean final value of `--metric`
+(accuracy, or bits_per_byte for the language model, lower is better), its final value,
+and the batch size and noise scale along training.
 
 GPU time (`--clock_profiles`, e.g. `cifar10_resnet18_t4,imagenet_resnet50_t4`, and
 `--clock_devices`, default 1,8,64): the runs train here, and their time is priced by a
@@ -80,15 +93,35 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "static_2x": ("static", "adascale", "2"),
     "static_4x": ("static", "adascale", "4"),
     "static_8x": ("static", "adascale", "8"),
+    "critical_warmup": ("critical_warmup", "adascale", None),
+    "norm_test": ("norm_test", "adascale", None),
+    "seesaw": ("seesaw", "sqrt", None),
 }
 # The oracle's candidates: the static batches in [B0, S B0].
 STATIC_VARIANTS = ("baseline", "static_2x", "static_4x", "static_8x", "adascale_16x")
 # Further overrides of some variants.
-EXTRA: dict[str, dict[str, Any]] = {"simigrad_estimated": {"similarity": "estimated"}}
+EXTRA: dict[str, dict[str, Any]] = {
+    "simigrad_estimated": {"similarity": "estimated"},
+    # Seesaw is defined on a step-decay schedule: x lr.decay_factor (1/2) at the fractions
+    # lr.decay_fractions of the budget, where it doubles the batch instead (x sqrt 2 by
+    # the rule: the rate falls by 1/sqrt 2).
+    "seesaw": {"lr.schedule": "step"},
+}
+# The batch-size policies compared in `policy_table` (issue 32), against the baseline.
+POLICY_VARIANTS = (
+    "adascale_16x",
+    "simigrad_adascale",
+    "goodput",
+    "critical_warmup",
+    "norm_test",
+    "seesaw",
+)
+# The evaluation metrics a threshold can be on, and whether lower is better.
+METRICS = {"accuracy": False, "bits_per_byte": True}
 ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
 # Also kept per run: progress tau (the x-axis of the adaptation plot), and the policy's
 # reference lines (SimiGrad's target similarity and batch bounds), as written by training.
-CURVE_TAGS = (*ADAPTATION_TAGS, "progress")
+CURVE_TAGS = (*ADAPTATION_TAGS, "progress", "noise_scale")
 REFERENCE_TAGS = ("target_similarity", "min_batch_size", "max_batch_size")
 
 FLAGS = flags.FLAGS
@@ -102,6 +135,12 @@ flags.DEFINE_float("warmup_fraction", 0.2, "linear_16x: warm-up share of the bud
 flags.DEFINE_integer("scale", 16, "S of the static large-batch variants and SimiGrad's cap.")
 flags.DEFINE_list("override", [], "Extra config overrides, e.g. num_cpu_replicas=2.")
 flags.DEFINE_integer("timeout_per_run", 1800, "Seconds before a run is stopped (and failed).")
+flags.DEFINE_enum(
+    "metric",
+    "accuracy",
+    list(METRICS),
+    "The evaluation metric of the policy table's threshold (bits_per_byte: text configs).",
+)
 flags.DEFINE_list(
     "clock_profiles", [], "Measured profiles (configs/profiles) to price the runs' GPU time with."
 )
@@ -183,6 +222,8 @@ def _run(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None)
         examples[step] = total
     curves = {tag: train.get(f"adabatch/{tag}", []) for tag in CURVE_TAGS}
     curves["accuracy"] = evals.get(summaries.eval_tag("accuracy"), [])
+    if FLAGS.metric != "accuracy":
+        curves[FLAGS.metric] = evals.get(summaries.eval_tag(FLAGS.metric), [])
     curves["accuracy_examples"] = [
         (examples.get(step, math.nan), value) for step, value in curves["accuracy"]
     ]
@@ -708,6 +749,165 @@ def accuracy_window(runs: list[dict[str, Any]]) -> tuple[float, float, list[str]
     return lowest - pad, highest + 0.2 * pad, trained
 
 
+def _first_at(curve: list[tuple[float, float]], target: float, lower: bool) -> int | None:
+    """The step of the first evaluation at or better than `target` (None: never).
+
+    >>> _first_at([(10, 3.0), (20, 2.5), (30, 2.0)], 2.5, lower=True)
+    20
+    >>> _first_at([(10, 0.5), (20, 0.7)], 0.8, lower=False) is None
+    True
+    """
+    for step, value in curve:
+        if (value <= target) if lower else (value >= target):
+            return int(step)
+    return None
+
+
+def policy_table(
+    runs: list[dict[str, Any]], metric: str, profile: str | None, devices: list[int]
+) -> tuple[str, dict[str, Any]]:
+    """The policies against the baseline on `metric` (issue 32): per variant (goodput per
+    virtual clock), the final value, and the optimizer steps, examples, this machine's
+    training seconds and the seconds priced by `profile` on each N to the first
+    evaluation at or better than the baseline's mean final value; means over the seeds
+    that got there, ratios of means against the baseline's. Verdicts: some policy within
+    0.5x the baseline's steps and 1.5x its examples; every policy's final value within
+    1 % of the baseline's.
+    """
+    from tf_adabatch.app import factories
+
+    lower = METRICS[metric]
+    final_key = f"test_{metric}"
+    model = factories.load_step_time_model(profile) if profile else None
+
+    def final(run: dict[str, Any]) -> float:
+        return float(run["metrics"][final_key])
+
+    base = [r for r in runs if r["variant"] == "baseline" and not r["clock"]]
+    if not base:
+        raise app.UsageError("The policy table needs the baseline variant (its final value).")
+    target = statistics.fmean(final(r) for r in base)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run["variant"] == "baseline" or run["variant"] in POLICY_VARIANTS:
+            name = run["variant"] + (f" ({run['clock']})" if run["clock"] else "")
+            groups.setdefault(name, []).append(run)
+    result: dict[str, Any] = {"metric": metric, "target": target, "rows": {}}
+    for name, mine in groups.items():
+        row: dict[str, Any] = {"seeds": len(mine), "final": _mean_std([final(r) for r in mine])}
+        hits = []
+        for run in mine:
+            curve = run["curves"][metric]
+            step = _first_at(curve, target, lower)
+            if step is None:
+                continue
+            # Every evaluation logs the accuracy too: its curves give each step's
+            # examples and training seconds.
+            steps = [int(s) for s, _ in run["curves"]["accuracy"]]
+            examples = dict(
+                zip(steps, (e for e, _ in run["curves"]["accuracy_examples"]), strict=True)
+            )
+            seconds = dict(
+                zip(steps, (t for t, _ in run["curves"]["accuracy_seconds"]), strict=True)
+            )
+            hit = {"steps": step, "examples": examples[step], "seconds": seconds[step]}
+            for n in devices if model else []:
+                if run["clock"] and run["clock"] != f"{profile}x{n}":
+                    continue
+                priced = dict(
+                    priced_seconds({"curves": {**run["curves"], "accuracy": curve}}, model, n)
+                )
+                hit[f"gpu{n}"] = priced[step]
+            hits.append(hit)
+        row["reached"] = len(hits)
+        for key in ("steps", "examples", "seconds", *(f"gpu{n}" for n in devices)):
+            values = [h[key] for h in hits if key in h]
+            if values and len(hits) == len(mine):
+                row[key] = statistics.fmean(values)
+        result["rows"][name] = row
+    ref = result["rows"]["baseline"]
+    better = "lower" if lower else "higher"
+    lines = [
+        f"Threshold: the baseline's mean final {metric}, {target:.4f} ({better} is better). "
+        "To it: means over seeds (a variant with a seed that never got there shows '-'); "
+        "ratios against the baseline's."
+        + (f" GPU seconds: priced by {profile} on N GPUs." if model else ""),
+        "",
+        f"| variant | seeds | final {metric} | steps to it | examples to it | training s here "
+        + "".join(f"| GPU s, N={n} " for n in devices if model)
+        + "|",
+        "|---" * (6 + (len(devices) if model else 0)) + "|",
+    ]
+
+    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+        if key not in row:
+            return "-"
+        text = format(row[key], fmt)
+        return text + (f" ({row[key] / ref[key]:.2f}×)" if ref.get(key) else "")
+
+    for name, row in result["rows"].items():
+        mean, sd = row["final"]
+        lines.append(
+            f"| {name} | {row['seeds']} | {mean:.4f} ± {sd:.4f} | {cell(row, 'steps', ',.0f')} "
+            f"| {cell(row, 'examples', ',.0f')} | {cell(row, 'seconds', ',.0f')} "
+            + "".join(f"| {cell(row, f'gpu{n}', ',.1f')} " for n in devices if model)
+            + "|"
+        )
+    fast = [
+        name
+        for name, row in result["rows"].items()
+        if name != "baseline"
+        and "steps" in row
+        and row["steps"] <= 0.5 * ref["steps"]
+        and row["examples"] <= 1.5 * ref["examples"]
+    ]
+    far = [
+        f"{name} ({100 * (row['final'][0] / target - 1):+.2f} %)"
+        for name, row in result["rows"].items()
+        if abs(row["final"][0] / target - 1) > 0.01
+    ]
+    result["verdicts"] = [
+        f"{'MET' if fast else 'NOT MET'}: a policy reaches the baseline's final {metric} in "
+        f"<= 0.5x its steps with <= 1.5x its examples: {', '.join(fast) or 'none'}",
+        f"{'MET' if not far else 'NOT MET'}: every final {metric} within 1 % of the "
+        f"baseline's: {'yes' if not far else 'outside: ' + ', '.join(far)}",
+    ]
+    lines += ["", *(f"- {v}" for v in result["verdicts"])]
+    return "\n".join(lines) + "\n", result
+
+
+def plot_policies(runs: list[dict[str, Any]], path: Path) -> Path:
+    """Batch size and noise scale along progress tau, per policy (each seed a thin line)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [v for v in ("baseline", *POLICY_VARIANTS) if any(r["variant"] == v for r in runs)]
+    colors = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3, strict=False))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    labelled = set()
+    for run in runs:
+        if run["variant"] not in colors:
+            continue
+        tau = [t for _, t in run["curves"]["progress"]]
+        label = None if run["variant"] in labelled else run["variant"]
+        labelled.add(run["variant"])
+        for ax, tag in zip(axes, ("batch_size", "noise_scale"), strict=True):
+            values = [v for _, v in run["curves"].get(tag, [])]
+            if len(values) == len(tau):
+                ax.plot(tau, values, color=colors[run["variant"]], lw=0.8, alpha=0.7, label=label)
+    for ax, title in zip(
+        axes, ("global batch size", "noise scale tr(Σ)/|G|² (smoothed)"), strict=True
+    ):
+        ax.set(xlabel="progress τ (base-batch steps)", title=title, yscale="log")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_gpu_time(result: dict[str, Any], path: Path) -> Path:
     """gpu_time.png: priced seconds to the threshold against the GPUs N, log-log, one
     panel per profile; the static variants' best (the oracle) as one line."""
@@ -939,6 +1139,13 @@ def main(argv: list[str]) -> None:
         (outdir / "gpu_time.md").write_text(gpu_table)
         plot_gpu_time(saved["gpu_time"], outdir / "gpu_time.png")
         print(gpu_table)
+    if any(r["variant"] in POLICY_VARIANTS[3:] for r in runs) or FLAGS.metric != "accuracy":
+        policies_md, saved["policies"] = policy_table(
+            runs, FLAGS.metric, profiles[0] if profiles else None, devices
+        )
+        (outdir / "policies.md").write_text(policies_md)
+        plot_policies(runs, outdir / "policies.png")
+        print(policies_md)
     (outdir / "results.json").write_text(json.dumps(saved, indent=1))
     table = markdown(rows, verdicts) + "\n".join(similarity_modes(host)) + "\n"
     (outdir / "results.md").write_text(table)

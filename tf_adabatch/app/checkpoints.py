@@ -277,7 +277,13 @@ def fingerprint(
         "num_classes": int(num_classes),
         "input_shape": [int(d) for d in model.inputs[0].shape[1:]],
         "loss": "sparse_categorical_crossentropy(from_logits=True)",
-        "optimizer": "SGD with momentum" if config.optimizer.momentum else "SGD",
+        "optimizer": (
+            "AdamW"
+            if config.optimizer.name == "adamw"
+            else "SGD with momentum"
+            if config.optimizer.momentum
+            else "SGD"
+        ),
         "policy.kind": config.policy.kind,
         # In order, short names (layer names get process-dependent suffixes).
         "variables": [f"{v.name}{tuple(int(d) for d in v.shape)}" for v in model.weights],

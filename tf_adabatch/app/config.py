@@ -24,7 +24,7 @@ import tensorflow as tf
 from tf_adabatch.app import factories
 from tf_adabatch.app.cluster import CLUSTERS
 from tf_adabatch.app.data import pipeline
-from tf_adabatch.app.models import MODELS
+from tf_adabatch.app.models import MODELS, SEQUENCE_MODELS
 from tf_adabatch.engine import SIMILARITY_MODES
 from tf_adabatch.measure import min_accumulation_steps
 
@@ -186,6 +186,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     c = config
     _require(c.dataset in pipeline.DATASETS, "dataset", f"be one of {pipeline.DATASETS}", c.dataset)
     _require(c.model in MODELS, "model", f"be one of {MODELS}", c.model)
+    text = c.dataset in pipeline.TEXT_DATASETS
+    _require(
+        (c.model in SEQUENCE_MODELS) == text,
+        "model",
+        f"be one of {SEQUENCE_MODELS} for dataset {c.dataset!r} (token sequences)"
+        if text
+        else f"take images for dataset {c.dataset!r}: not one of {SEQUENCE_MODELS}",
+        c.model,
+    )
     _require(
         c.strategy in factories.STRATEGIES,
         "strategy",
@@ -237,6 +246,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
     # With lr.schedule='cosine' the rule gets a schedule, not this number: checked here.
     _require_real(c, "optimizer.learning_rate", "> 0", lambda v: v > 0)
+    _require(
+        c.optimizer.name in factories.OPTIMIZERS,
+        "optimizer.name",
+        _one_of(factories.OPTIMIZERS),
+        c.optimizer.name,
+    )
+    _require_real(c, "optimizer.weight_decay", ">= 0", lambda v: v >= 0)
     # Keras checks these when the optimizer is created, which runs TensorFlow ops.
     _require_real(c, "optimizer.momentum", "in [0, 1)", lambda v: 0 <= v < 1)
     _require(

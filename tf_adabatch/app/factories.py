@@ -27,6 +27,7 @@ from tf_adabatch.schedules import AdaptiveLearningRate
 
 __all__ = [
     "LR_SCHEDULES",
+    "OPTIMIZERS",
     "POLICIES",
     "POLICY_ARGUMENTS",
     "SCHEDULE_ARGUMENTS",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 STRATEGIES = ("mirrored", "one_device", "multi_worker", "tpu")
+OPTIMIZERS = ("sgd", "adamw")
 
 _BOUNDS = {
     "initial_batch_size": "policy.initial_batch_size",
@@ -270,16 +272,23 @@ def make_schedule(config: ml_collections.ConfigDict, base_steps: int) -> Adaptiv
 def make_optimizer(
     config: ml_collections.ConfigDict, base_steps: int
 ) -> keras.optimizers.Optimizer:
-    """SGD (`optimizer.momentum`, `optimizer.nesterov`) on `make_schedule`'s learning rate.
+    """`optimizer.name` on `make_schedule`'s learning rate: "sgd" (`optimizer.momentum`,
+    `optimizer.nesterov`) or "adamw" (Keras's defaults otherwise); `optimizer.weight_decay`
+    > 0 adds Keras's decoupled weight decay to either.
 
     >>> from configs import base
     >>> type(make_optimizer(base.get_config(), base_steps=100)).__name__
     'SGD'
     """
+    schedule = make_schedule(config, base_steps)
+    decay = float(config.optimizer.weight_decay) or None
+    if config.optimizer.name == "adamw":
+        return keras.optimizers.AdamW(schedule, weight_decay=decay or 0.0)
     return keras.optimizers.SGD(
-        make_schedule(config, base_steps),
+        schedule,
         momentum=config.optimizer.momentum,
         nesterov=config.optimizer.nesterov,
+        weight_decay=decay,
     )
 
 

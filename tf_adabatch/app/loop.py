@@ -386,6 +386,33 @@ class CheckpointEvery(keras.callbacks.Callback):
             self._save(step)
 
 
+#: The text datasets' evaluation: the validation loss in bits per byte (nats / ln 2).
+BITS = "bits_per_byte"
+
+
+def bits_per_byte(y_true: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Per-position cross-entropy of next-byte `logits` in bits.
+
+    >>> float(bits_per_byte(tf.constant([[1]]), tf.zeros((1, 1, 4)))[0, 0])  # uniform over 4
+    2.0
+    """
+    nats = keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
+    return nats / math.log(2.0)
+
+
+def eval_metrics(dataset: str) -> dict[str, Any]:
+    """What an evaluation reports besides the loss: accuracy (per position for text), and
+    for a text dataset the loss in bits per byte.
+
+    >>> sorted(eval_metrics("python_text")), sorted(eval_metrics("digits"))
+    (['accuracy', 'bits_per_byte'], ['accuracy'])
+    """
+    metrics: dict[str, Any] = {"accuracy": keras.metrics.sparse_categorical_accuracy}
+    if dataset in pipeline.TEXT_DATASETS:
+        metrics[BITS] = bits_per_byte
+    return metrics
+
+
 def write_metrics(
     path: str,
     trainer: Trainer,
@@ -428,6 +455,7 @@ def write_metrics(
     metrics = {
         "test_accuracy": result["accuracy"],
         "test_loss": result["loss"],
+        **({"test_bits_per_byte": result[BITS]} if BITS in result else {}),
         "optimizer_steps": steps,
         "skipped_steps": int(state.skipped_steps.numpy()),
         "examples_seen": samples,
@@ -681,7 +709,7 @@ def _run_locked(
         clock,
         base_steps=base_steps,
         log=log,
-        metrics={"accuracy": keras.metrics.sparse_categorical_accuracy},
+        metrics=eval_metrics(config.dataset),
     )
     restored = total_steps(trainer)  # the step of the checkpoint resumed from (0 for a new run)
 
@@ -745,8 +773,9 @@ def _run_locked(
         processes=processes,
         clock=clock.name,
     )
+    bits = f", {metrics['test_bits_per_byte']:.4f} bits per byte" if BITS in result else ""
     log(
-        f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; {metrics['optimizer_steps']} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(outdir, 'metrics.json')}"
+        f"Final test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}{bits}; {metrics['optimizer_steps']} optimizer steps, average batch {metrics['average_batch_size']:.0f}; metrics in {os.path.join(outdir, 'metrics.json')}"
     )
     return metrics
 

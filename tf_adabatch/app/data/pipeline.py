@@ -12,9 +12,11 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DATASETS", "eval_dataset", "load_arrays", "train_dataset_fn"]
+__all__ = ["DATASETS", "TEXT_DATASETS", "eval_dataset", "load_arrays", "train_dataset_fn"]
 
-DATASETS = ("fashion_mnist", "digits", "synthetic")
+DATASETS = ("fashion_mnist", "digits", "synthetic", "python_text")
+#: The datasets of token sequences (next-token labels per position), for the language model.
+TEXT_DATASETS = ("python_text",)
 
 Arrays = tuple[np.ndarray, np.ndarray]
 
@@ -67,7 +69,8 @@ def eval_dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Datas
 
 @functools.lru_cache(maxsize=4)
 def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
-    """(train, test, num_classes) as float32 images in [0, 1] (N, H, W, 1) and int labels.
+    """(train, test, num_classes): float32 images in [0, 1] (N, H, W, 1) and int labels,
+    or, for a text dataset, token windows and their next-token labels.
 
     Cached per process (the arrays are shared: do not modify them).
 
@@ -75,6 +78,9 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
     - "digits": scikit-learn's 1,797 8x8 digits, split 1,497/300 with `seed`.
     - "synthetic": 4,096/1,024 random 8x8 images whose label is a fixed linear rule
       (learnable, noisy enough for the statistics), for tests.
+    - "python_text": byte windows (N, 64) int32 of the Python standard library's source,
+      labels the next byte at each position (N, 64), 256 classes, split by file
+      (`tf_adabatch.app.data.python_text`: pinned file lists and hashes).
 
     Example:
 
@@ -98,6 +104,11 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
             )
 
         return arrays("train"), arrays("test"), 10
+    if name == "python_text":
+        from tf_adabatch.app.data import python_text
+
+        train, validation = python_text.load()
+        return train, validation, python_text.VOCABULARY
     rng = np.random.default_rng(seed)
     if name == "digits":
         try:
