@@ -858,6 +858,7 @@ def policy_table(
         for name, row in result["rows"].items()
         if name != "baseline"
         and "steps" in row
+        and "steps" in ref
         and row["steps"] <= 0.5 * ref["steps"]
         and row["examples"] <= 1.5 * ref["examples"]
     ]
@@ -965,7 +966,9 @@ def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
     import numpy as np
     from matplotlib import ticker
 
-    colors = dict(zip(VARIANTS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    colors = dict(
+        zip(VARIANTS, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 2, strict=False)
+    )
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_variant.setdefault(run["variant"], []).append(run)

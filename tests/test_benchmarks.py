@@ -176,6 +176,25 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     assert "**cifar10_resnet18_t4x8**" in (outdir / "gpu_time.md").read_text()
     assert (outdir / "gpu_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # The policies of 2024-2026: Seesaw on its step schedule, in the policy table.
+    seesaw_flags = [
+        *[f for f in flags if not f.startswith("--variants=")],
+        "--variants=baseline,seesaw",
+    ]
+    ran = script("benchmark_efficiency.py", *seesaw_flags)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    saved = json.loads((outdir / "results.json").read_text())
+    seesaw = next(r for r in saved["runs"] if r["variant"] == "seesaw")
+    # B0 = 16 doubles at each decay point, tau = 0.5 and 0.75 of the 47-step budget
+    # (23.5 and 35.25), up to the cap 4 x 16 = 64: the batches, in order, are 16, 32, 64.
+    batches = [b for _, b in seesaw["curves"]["batch_size"]]
+    assert [b for b, _ in itertools.groupby(batches)] == [16.0, 32.0, 64.0]
+    assert len(seesaw["curves"]["noise_scale"]) == len(batches)  # the plot's second panel
+    policies = (outdir / "policies.md").read_text()
+    assert "| baseline | 1 |" in policies and "| seesaw | 1 |" in policies
+    assert sum(line.startswith(("- MET", "- NOT MET")) for line in policies.splitlines()) == 2
+    assert (outdir / "policies.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 def test_overhead_benchmark_smoke() -> None:
     """One configuration (the script's single-process path; more configurations only
@@ -437,3 +456,65 @@ def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> Non
     assert (outdir / "snapshots" / "step2" / "checkpoint").exists()
     assert (outdir / "snapshots" / "step3" / "checkpoint").exists()
     assert "| 3 | 4 | 64 | 6 |" in (outdir / "results.md").read_text()
+
+
+def _lm_run(variant: str, final: float, bits: list[tuple[int, float]], batch: int) -> dict:
+    """A run with a constant batch whose evaluations come every 10 steps: examples and
+    host seconds (0.5 s a step) at each evaluation follow from the batch."""
+    return {
+        "variant": variant,
+        "clock": "",
+        "metrics": {"test_bits_per_byte": final},
+        "curves": {
+            "bits_per_byte": bits,
+            "accuracy": [(s, 0.0) for s, _ in bits],
+            "accuracy_examples": [(s * batch, 0.0) for s, _ in bits],
+            "accuracy_seconds": [(0.5 * s, 0.0) for s, _ in bits],
+            "batch_size": [(s, float(batch)) for s in range(1, bits[-1][0] + 1)],
+        },
+    }
+
+
+def test_policy_table_on_a_lower_is_better_metric_by_hand() -> None:
+    runs = [
+        _lm_run("baseline", 2.10, [(10, 3.0), (20, 2.4), (30, 2.10)], 32),
+        _lm_run("baseline", 2.30, [(10, 3.1), (20, 2.5), (30, 2.30)], 32),
+        # Threshold: the baseline's mean final, (2.10 + 2.30) / 2 = 2.20 bits, reached
+        # at or below it. Baseline seed 0 at step 30 (2.10); seed 1 never (2.30 > 2.20):
+        # so the baseline has no mean "to it", and no ratios are printed.
+        _lm_run("critical_warmup", 2.15, [(10, 2.2), (20, 2.15)], 64),
+        _lm_run("seesaw", 2.5, [(10, 2.9), (20, 2.5)], 32),
+    ]
+    text, result = efficiency.policy_table(runs, "bits_per_byte", None, [8])
+    assert result["target"] == pytest.approx(2.20)
+    rows = result["rows"]
+    assert rows["baseline"]["reached"] == 1 and "steps" not in rows["baseline"]
+    # critical_warmup: first at or below 2.20 at step 10 -> 640 examples, 5 s.
+    assert rows["critical_warmup"]["steps"] == 10
+    assert rows["critical_warmup"]["examples"] == 640 and rows["critical_warmup"]["seconds"] == 5.0
+    assert rows["seesaw"]["reached"] == 0 and "steps" not in rows["seesaw"]
+    # Final values against 2.20: critical_warmup -2.27 %, seesaw +13.6 %, baseline 0.
+    assert result["verdicts"][1].startswith("NOT MET") and "seesaw (+13.64 %)" in text
+    assert "critical_warmup (-2.27 %)" in text
+    assert result["verdicts"][0].startswith("NOT MET")  # no baseline steps to compare with
+    assert "| critical_warmup | 1 | 2.1500 ± 0.0000 | 10 | 640 | 5 |" in text
+
+    # With both baseline seeds at the threshold: ratios, and the steps verdict.
+    runs[1] = _lm_run("baseline", 2.30, [(10, 3.1), (20, 2.2), (30, 2.30)], 32)
+    text, result = efficiency.policy_table(runs, "bits_per_byte", None, [8])
+    base = result["rows"]["baseline"]
+    assert base["steps"] == 25 and base["examples"] == 800  # (30 + 20) / 2; x 32
+    # critical_warmup: 10 / 25 = 0.4 <= 0.5 of the steps, 640 / 800 = 0.8 <= 1.5 examples.
+    assert result["verdicts"][0] == (
+        "MET: a policy reaches the baseline's final bits_per_byte in <= 0.5x its steps "
+        "with <= 1.5x its examples: critical_warmup"
+    )
+    assert "| 10 (0.40×) | 640 (0.80×) |" in text
+    # Priced GPU seconds: every step of critical_warmup is a batch of 64, 10 steps to it.
+    from tf_adabatch.app import factories
+
+    model = factories.load_step_time_model("cifar10_resnet18_t4")
+    _, priced = efficiency.policy_table(runs, "bits_per_byte", "cifar10_resnet18_t4", [8])
+    assert priced["rows"]["critical_warmup"]["gpu8"] == pytest.approx(
+        10 * model.step_seconds(64, 8), rel=1e-12
+    )
