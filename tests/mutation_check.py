@@ -673,6 +673,41 @@ MUTANTS = [
         (f"{WD}::test_a_second_ctrl_c_quits_at_once",),
         "a second Ctrl-C quits at once, without saving",
     ),
+    # ---------------------------------------------------------------- the language model
+    Mutant(
+        "text_labels_not_shifted",
+        "tf_adabatch/app/data/python_text.py",
+        "y = array[1 : n * sequence_length + 1].reshape(n, sequence_length)",
+        "y = array[: n * sequence_length].reshape(n, sequence_length)",
+        ("tests/test_text_lm.py::test_windows_pair_each_byte_with_the_next_one",),
+        "each position's label is the byte after it (the model would learn to copy)",
+    ),
+    Mutant(
+        "text_corpus_hash_unchecked",
+        "tf_adabatch/app/data/python_text.py",
+        "if digest != SHA256[split]:",
+        "if False:",
+        (
+            "tests/test_text_lm.py::test_another_standard_library_is_refused_with_the_split_and_both_hashes",
+        ),
+        "another interpreter's files must not silently become another corpus",
+    ),
+    Mutant(
+        "transformer_sees_the_future",
+        "tf_adabatch/app/models.py",
+        "use_causal_mask=True",
+        "use_causal_mask=False",
+        ("tests/test_text_lm.py::test_the_transformer_is_causal_and_its_size_is_derived_by_hand",),
+        "a language model's position must not attend to later bytes",
+    ),
+    Mutant(
+        "bits_per_byte_in_nats",
+        "tf_adabatch/app/loop.py",
+        "    return nats / math.log(2.0)",
+        "    return nats",
+        ("tf_adabatch/app/loop.py::tf_adabatch.app.loop.bits_per_byte",),
+        "bits per byte is the cross-entropy in nats divided by ln 2",
+    ),
 ]
 
 
