@@ -458,13 +458,14 @@ def test_paired_similarity_readings_agree_on_two_replicas(tmp_path: Path) -> Non
     assert "| 3 | 4 | 64 | 6 |" in (outdir / "results.md").read_text()
 
 
-def _lm_run(variant: str, final: float, bits: list[tuple[int, float]], batch: int) -> dict:
-    """A run with a constant batch whose evaluations come every 10 steps: examples and
-    host seconds (0.5 s a step) at each evaluation follow from the batch."""
+def _lm_run(variant: str, seed: int, bits: list[tuple[int, float]], batch: int) -> dict:
+    """A run with a constant batch: examples and host seconds (0.5 s a step) at each
+    evaluation follow from the batch; its final value is its last evaluation's."""
     return {
         "variant": variant,
+        "seed": seed,
         "clock": "",
-        "metrics": {"test_bits_per_byte": final},
+        "metrics": {"test_bits_per_byte": bits[-1][1]},
         "curves": {
             "bits_per_byte": bits,
             "accuracy": [(s, 0.0) for s, _ in bits],
@@ -477,44 +478,50 @@ def _lm_run(variant: str, final: float, bits: list[tuple[int, float]], batch: in
 
 def test_policy_table_on_a_lower_is_better_metric_by_hand() -> None:
     runs = [
-        _lm_run("baseline", 2.10, [(10, 3.0), (20, 2.4), (30, 2.10)], 32),
-        _lm_run("baseline", 2.30, [(10, 3.1), (20, 2.5), (30, 2.30)], 32),
-        # Threshold: the baseline's mean final, (2.10 + 2.30) / 2 = 2.20 bits, reached
-        # at or below it. Baseline seed 0 at step 30 (2.10); seed 1 never (2.30 > 2.20):
-        # so the baseline has no mean "to it", and no ratios are printed.
-        _lm_run("critical_warmup", 2.15, [(10, 2.2), (20, 2.15)], 64),
-        _lm_run("seesaw", 2.5, [(10, 2.9), (20, 2.5)], 32),
+        # Thresholds, seed by seed: the baseline's final, 2.10 (seed 0) and 2.30 (seed 1);
+        # each baseline reaches its own at its last evaluation: steps 30 and 30.
+        _lm_run("baseline", 0, [(10, 3.0), (20, 2.4), (30, 2.10)], 32),
+        _lm_run("baseline", 1, [(10, 3.1), (20, 2.5), (30, 2.30)], 32),
+        # critical_warmup: seed 0 reaches 2.10 at step 10 (640 examples, 5 s); seed 1
+        # reaches 2.30 at step 20 (1,280 examples, 10 s): means 15, 960, 7.5.
+        _lm_run("critical_warmup", 0, [(10, 2.05), (20, 2.0)], 64),
+        _lm_run("critical_warmup", 1, [(10, 2.4), (20, 2.25)], 64),
+        # seesaw: seed 0 ends at 2.5 > 2.10, never there.
+        _lm_run("seesaw", 0, [(10, 2.9), (20, 2.5)], 32),
+        _lm_run("seesaw", 1, [(10, 2.9), (20, 2.2)], 32),
+        # a seed without a baseline run compares with nothing: left out.
+        _lm_run("seesaw", 7, [(10, 2.0)], 32),
     ]
     text, result = efficiency.policy_table(runs, "bits_per_byte", None, [8])
-    assert result["target"] == pytest.approx(2.20)
+    assert result["target"] == pytest.approx(2.20)  # the mean threshold, for the text
     rows = result["rows"]
-    assert rows["baseline"]["reached"] == 1 and "steps" not in rows["baseline"]
-    # critical_warmup: first at or below 2.20 at step 10 -> 640 examples, 5 s.
-    assert rows["critical_warmup"]["steps"] == 10
-    assert rows["critical_warmup"]["examples"] == 640 and rows["critical_warmup"]["seconds"] == 5.0
-    assert rows["seesaw"]["reached"] == 0 and "steps" not in rows["seesaw"]
-    # Final values against 2.20: critical_warmup -2.27 %, seesaw +13.6 %, baseline 0.
-    assert result["verdicts"][1].startswith("NOT MET") and "seesaw (+13.64 %)" in text
-    assert "critical_warmup (-2.27 %)" in text
-    assert result["verdicts"][0].startswith("NOT MET")  # no baseline steps to compare with
-    assert "| critical_warmup | 1 | 2.1500 ± 0.0000 | 10 | 640 | 5 |" in text
-
-    # With both baseline seeds at the threshold: ratios, and the steps verdict.
-    runs[1] = _lm_run("baseline", 2.30, [(10, 3.1), (20, 2.2), (30, 2.30)], 32)
-    text, result = efficiency.policy_table(runs, "bits_per_byte", None, [8])
-    base = result["rows"]["baseline"]
-    assert base["steps"] == 25 and base["examples"] == 800  # (30 + 20) / 2; x 32
-    # critical_warmup: 10 / 25 = 0.4 <= 0.5 of the steps, 640 / 800 = 0.8 <= 1.5 examples.
+    assert rows["baseline"]["steps"] == 30 and rows["baseline"]["examples"] == 960
+    warm = rows["critical_warmup"]
+    assert (warm["steps"], warm["examples"], warm["seconds"]) == (15, 960, 7.5)
+    assert rows["seesaw"]["seeds"] == 2 and rows["seesaw"]["reached"] == 1
+    assert "steps" not in rows["seesaw"]
+    # 15 / 30 = 0.5 of the steps, 960 / 960 = 1.0 of the examples: within the target;
+    # host seconds 7.5 / 15 (baseline: 0.5 s x 30 steps).
     assert result["verdicts"][0] == (
         "MET: a policy reaches the baseline's final bits_per_byte in <= 0.5x its steps "
         "with <= 1.5x its examples: critical_warmup"
     )
-    assert "| 10 (0.40×) | 640 (0.80×) |" in text
-    # Priced GPU seconds: every step of critical_warmup is a batch of 64, 10 steps to it.
+    assert (
+        "| critical_warmup | 2 | 2.1250 ± 0.1768 | 15 (0.50×) | 960 (1.00×) | 8 (0.50×) |" in text
+    )
+    # Final values against the baselines' mean 2.20 (lower is better): critical_warmup
+    # 2.125 is better (-3.41 %: fine); seesaw (2.5 + 2.2) / 2 = 2.35 is worse by 6.82 %.
+    assert result["verdicts"][1] == (
+        "NOT MET: no mean final bits_per_byte worse than the baseline's by more than 1 %: "
+        "seesaw (+6.82 %)"
+    )
+
+    # Priced GPU seconds: every step of critical_warmup is a batch of 64; 10 and 20 steps
+    # to the thresholds of seeds 0 and 1: a mean of 15 steps.
     from tf_adabatch.app import factories
 
     model = factories.load_step_time_model("cifar10_resnet18_t4")
     _, priced = efficiency.policy_table(runs, "bits_per_byte", "cifar10_resnet18_t4", [8])
     assert priced["rows"]["critical_warmup"]["gpu8"] == pytest.approx(
-        10 * model.step_seconds(64, 8), rel=1e-12
+        15 * model.step_seconds(64, 8), rel=1e-12
     )
