@@ -817,7 +817,9 @@ def policy_table(
             seconds = dict(
                 zip(steps, (t for t, _ in run["curves"]["accuracy_seconds"]), strict=True)
             )
-            hit = {"steps": step, "examples": examples[step], "seconds": seconds[step]}
+            hit = {"steps": step, "examples": examples[step]}
+            if not run["clock"]:  # a virtual clock's seconds are priced, not this host's
+                hit["seconds"] = seconds[step]
             for n in devices if model else []:
                 if run["clock"] and run["clock"] != f"{profile}x{n}":
                     continue
