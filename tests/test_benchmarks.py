@@ -525,3 +525,13 @@ def test_policy_table_on_a_lower_is_better_metric_by_hand() -> None:
     assert priced["rows"]["critical_warmup"]["gpu8"] == pytest.approx(
         15 * model.step_seconds(64, 8), rel=1e-12
     )
+    # A goodput run under a virtual clock: its own row; its recorded seconds are the
+    # clock's, so the host-seconds column stays empty, and it is priced only at its N.
+    clocked = _lm_run("goodput", 0, [(10, 2.05)], 64)
+    clocked["clock"] = "cifar10_resnet18_t4x8"
+    _, priced = efficiency.policy_table(
+        [*runs, clocked], "bits_per_byte", "cifar10_resnet18_t4", [1, 8]
+    )
+    row = priced["rows"]["goodput (cifar10_resnet18_t4x8)"]
+    assert "seconds" not in row and "gpu1" not in row
+    assert row["gpu8"] == pytest.approx(10 * model.step_seconds(64, 8), rel=1e-12)
