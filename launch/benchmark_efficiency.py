@@ -25,6 +25,7 @@ change:
   seesaw             SeesawPolicy on the step-decay schedule (x1/2 at 1/2 and 3/4 of the
                      budget): the batch doubles there instead, rate x sqrt(S) (Meterez
                      et al. 2025)
+  baseline_step      static batch B0 on that step-decay schedule (Seesaw's own reference)
 
 Policies (`policies.md`, `policies.png`, whenever one of the variants of
 `POLICY_VARIANTS` ran): each policy's optimizer steps, examples and seconds (priced
@@ -96,6 +97,7 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "critical_warmup": ("critical_warmup", "adascale", None),
     "norm_test": ("norm_test", "adascale", None),
     "seesaw": ("seesaw", "sqrt", None),
+    "baseline_step": ("static", "none", "1"),
 }
 # The oracle's candidates: the static batches in [B0, S B0].
 STATIC_VARIANTS = ("baseline", "static_2x", "static_4x", "static_8x", "adascale_16x")
@@ -106,6 +108,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     # lr.decay_fractions of the budget, where it doubles the batch instead (x sqrt 2 by
     # the rule: the rate falls by 1/sqrt 2).
     "seesaw": {"lr.schedule": "step"},
+    "baseline_step": {"lr.schedule": "step"},
 }
 # The batch-size policies compared in `policy_table` (issue 32), against the baseline.
 POLICY_VARIANTS = (
@@ -115,6 +118,7 @@ POLICY_VARIANTS = (
     "critical_warmup",
     "norm_test",
     "seesaw",
+    "baseline_step",
 )
 # The evaluation metrics a threshold can be on, and whether lower is better.
 METRICS = {"accuracy": False, "bits_per_byte": True}
