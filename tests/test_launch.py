@@ -273,7 +273,7 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
         (
             "dataset",
             "cifar10",
-            r"Config field `dataset` must be one of \('fashion_mnist', 'digits', 'synthetic'\). Received: dataset='cifar10'",
+            r"Config field `dataset` must be one of \('fashion_mnist', 'digits', 'synthetic', 'python_text'\). Received: dataset='cifar10'",
         ),
         (
             "strategy",
