@@ -790,6 +790,11 @@ def policy_table(
     def final(run: dict[str, Any]) -> float:
         return float(run["metrics"][final_key])
 
+    if missing := sorted({r["variant"] for r in runs if final_key not in r["metrics"]}):
+        raise app.UsageError(
+            f"--metric={metric}: the runs of {missing} report no {final_key} (only a text "
+            "config, e.g. configs/text_lm.py, reports bits_per_byte)."
+        )
     thresholds = {
         r["seed"]: final(r) for r in runs if r["variant"] == "baseline" and not r["clock"]
     }

@@ -492,6 +492,10 @@ def test_policy_table_on_a_lower_is_better_metric_by_hand() -> None:
         # a seed without a baseline run compares with nothing: left out.
         _lm_run("seesaw", 7, [(10, 2.0)], 32),
     ]
+    from absl import app
+
+    with pytest.raises(app.UsageError, match=r"--metric=accuracy: the runs of \['baseline'"):
+        efficiency.policy_table(runs[:2], "accuracy", None, [8])  # they have no test_accuracy
     text, result = efficiency.policy_table(runs, "bits_per_byte", None, [8])
     assert result["target"] == pytest.approx(2.20)  # the mean threshold, for the text
     rows = result["rows"]
