@@ -106,3 +106,19 @@ def test_the_optimizer_follows_the_config() -> None:
     assert adamw.weight_decay == pytest.approx(0.01)
     sgd = factories.make_optimizer(base.get_config(), base_steps=100)
     assert isinstance(sgd, keras.optimizers.SGD) and sgd.weight_decay is None
+
+
+def test_a_launcher_run_on_another_corpus_stops_with_one_config_line(tmp_path, monkeypatch) -> None:
+    from configs import text_lm
+    from tf_adabatch import app
+    from tf_adabatch.app.data import pipeline
+
+    pipeline.load_arrays.cache_clear()  # the real corpus may be cached by an earlier test
+    monkeypatch.setitem(python_text.SHA256, "train", "0" * 64)
+    config = text_lm.get_config()
+    config.strategy = "one_device"
+    try:
+        with pytest.raises(app.ConfigError, match=r"`dataset` \('python_text'\): The train split"):
+            app.run(config, str(tmp_path / "run"), verbose=0)
+    finally:
+        pipeline.load_arrays.cache_clear()

@@ -626,7 +626,12 @@ def _run_locked(
     """`_run` with the strategy built and `outdir` locked."""
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
+    try:
+        (x, y), (x_test, y_test), num_classes = pipeline.load_arrays(
+            config.dataset, seed=config.seed
+        )
+    except ValueError as err:  # e.g. a corpus that is not the pinned one
+        raise ConfigError(f"Config field `dataset` ({config.dataset!r}): {err}") from err
     durations = factories.Durations.of(config, len(x))
     base_steps = durations.base_steps
     model, trainer = _build(config, strategy, tuple(x.shape[1:]), num_classes, base_steps)

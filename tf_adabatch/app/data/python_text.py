@@ -2,12 +2,13 @@
 
 The language-model config (`configs/text_lm.py`) trains on 94 top-level modules of the
 running interpreter's standard library (`sysconfig.get_paths()["stdlib"]`), read as bytes
-(a byte-level model: 256 symbols, no tokenizer). The corpus is pinned: the file lists
-below, and the SHA-256 of each split's bytes (its files concatenated in the listed order)
-as CPython 3.11.7 ships them; another interpreter's files give a clear error instead of a
-silently different corpus. Train and validation are split by file (every tenth module of
-the sorted list is held out), so the validation loss is measured on code the model never
-saw, not on other windows of the same files.
+(a byte-level model: 256 symbols, no tokenizer): those of 8-60 kB, but for the
+machine-specific `_sysconfigdata_*`. The corpus is pinned: the file lists below, and the
+SHA-256 of each split's bytes (its files concatenated in the listed order) as CPython
+3.11.7 ships them; another interpreter's files give a clear error instead of a silently
+different corpus. Train and validation are split by file (of the sorted list, every tenth
+module from the sixth is held out), so the validation loss is measured on code the model
+never saw, not on other windows of the same files.
 
 Examples are windows of `sequence_length + 1` consecutive bytes, one every
 `sequence_length` bytes: the input is the first `sequence_length` bytes, the label of each
