@@ -33,11 +33,12 @@ and serves the custom loop (`tf_adabatch.Trainer`) and, later, `model.fit`.
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import keras
 import numpy as np
@@ -48,8 +49,9 @@ from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
-from tf_adabatch._checks import integer
+from tf_adabatch._checks import integer, real
 from tf_adabatch.clock import Clock, WallClock
+from tf_adabatch.losses import per_example_loss_fn, weighted_losses
 from tf_adabatch.measure import (
     SCOPES,
     GroupMeasurement,
@@ -58,27 +60,47 @@ from tf_adabatch.measure import (
     micro_scalars,
     min_accumulation_steps,
 )
-from tf_adabatch.options import EngineOptions, check_objects, resolve_options
-from tf_adabatch.policies import GoodputPolicy, StaticPolicy, StepStats
+from tf_adabatch.options import (
+    SIMILARITY_MODES,
+    EngineOptions,
+    check_engine_objects,
+    resolve_options,
+    resolve_similarity,
+)
+from tf_adabatch.policies import GoodputPolicy, StaticPolicy
 from tf_adabatch.rollback import StepRollback
 from tf_adabatch.schedules import AdaptiveLearningRate, LearningRateScale
 from tf_adabatch.state import AdaptiveState
+from tf_adabatch.step_statistics import PROGRESS_INCREMENT, StepBookkeeping
 
 __all__ = [
     "SIMILARITY_MODES",
+    "STEP_LOGS",
     "AdaptiveEngine",
     "EngineOptions",
     "NonFiniteGradientsError",
     "resolve_options",
 ]
 
-SIMILARITY_MODES = ("exact", "estimated")
-# The step function's progress increment, popped from its logs by `train_step` (it
-# gives progress_per_second without reading the progress variable before the step).
-_PROGRESS_INCREMENT = "_progress_increment"
-# Whether the step's update was not finite (finite gradients): `train_step` then restores
-# the weights and the optimizer's variables from the roll-back's copy.
-_RESTORE = "_restore_weights"
+# The logs of one step, in the order of the step's output vector.
+STEP_LOGS = (
+    "loss",
+    "batch_size",
+    "accumulation_steps",
+    "gain",
+    "similarity",
+    "noise_scale",
+    "grad_sqr",
+    "grad_var",
+    "learning_rate",
+    "progress",
+    "samples_seen",
+    "skipped_steps",
+    "applied",
+    "step",
+    "consecutive_skips",
+)
+_LOG_NAMES = (*STEP_LOGS, PROGRESS_INCREMENT)
 _F64 = tf.float64
 
 
@@ -90,85 +112,9 @@ class NonFiniteGradientsError(RuntimeError):
     """
 
 
-def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """Returns a function computing unreduced, unscaled per-example losses.
-
-    A Keras `Loss` object's `__call__` reduces and divides by the replica count under a
-    strategy; its public `call` does neither. A string is resolved with
-    `keras.losses.get`; any other callable must return per-example losses.
-    """
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        return loss.call
-    if callable(loss):
-        return loss
-    raise TypeError(
-        "Argument `loss` must be a Keras `Loss`, a loss name or a callable "
-        f"`(y_true, y_pred) -> per-example losses`. Received: loss={loss!r}"
-    )
-
-
-def weighted_losses(losses: tf.Tensor, sample_weight: Any) -> tf.Tensor:
-    """`losses * sample_weight`, the weights' shape matched to the losses' as Keras does.
-
-    Trailing size-1 axes of the weights are dropped while they outrank the losses (weights
-    of shape `(batch, 1)` with losses of shape `(batch,)`), and trailing axes are added
-    while the losses outrank them (weights `(batch,)`, losses `(batch, time)`). A loss
-    that returns its batch mean (a scalar) is multiplied by every weight, so the step's
-    loss is that mean times the weights' mean: Keras's `model.fit` does the same.
-
-    >>> float(tf.reduce_mean(weighted_losses(tf.constant(2.0), tf.constant([[1.0], [3.0]]))))
-    4.0
-    """
-    sw = tf.cast(sample_weight, losses.dtype)
-    loss_rank, sw_rank = losses.shape.rank, sw.shape.rank
-    if loss_rank is None or sw_rank is None:
-        raise ValueError(
-            "tf_adabatch needs the rank of the losses and of the sample weights when the step "
-            f"is traced. Received: losses of shape {losses.shape} and sample_weight of shape "
-            f"{sw.shape}"
-        )
-    while sw_rank > max(loss_rank, 1) and sw.shape[-1] == 1:
-        sw = tf.squeeze(sw, axis=-1)
-        sw_rank -= 1
-    if sw_rank > max(loss_rank, 1):
-        raise ValueError(
-            "Argument `sample_weight` must have one weight per example (shape (batch,) or "
-            f"(batch, 1)) or the losses' shape {losses.shape}. Received: sample_weight of "
-            f"shape {sw.shape}"
-        )
-    if loss_rank > sw_rank:
-        sw = tf.reshape(sw, tf.concat([tf.shape(sw), tf.ones([loss_rank - sw_rank], tf.int32)], 0))
-    return losses * sw
-
-
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
     """First local replica's value: identical on all replicas by construction."""
     return strategy.experimental_local_results(value)[0]
-
-
-class _Noise(NamedTuple):
-    """The noise statistics one step hands from the statistics to the policy and logs."""
-
-    gain: tf.Tensor
-    similarity: tf.Tensor
-    grad_sqr: tf.Tensor  # debiased moving average of |G|^2
-    trace_sigma: tf.Tensor  # debiased moving average of per-example tr(Sigma)
-    noise_scale: tf.Tensor
-
-
-# The state's statistics one step writes (`AdaptiveState` attribute names).
-_STATISTICS = ("grad_sqr_biased", "trace_sigma_biased", "ema_weight", "gain", "similarity")
-
-
-class _StepStatistics(NamedTuple):
-    """One step's statistics between the reading and the commit (cross-replica)."""
-
-    finite: tf.Tensor  # the gradients and the loss were finite
-    batch: tf.Tensor  # the global batch (float64)
-    new: dict[str, tf.Tensor]  # `_STATISTICS` if the step is applied
-    old: dict[str, tf.Tensor]  # `_STATISTICS` as they were
 
 
 class AdaptiveEngine:
@@ -222,78 +168,28 @@ class AdaptiveEngine:
         **options: Unpack[EngineOptions],
     ) -> None:
         opts = resolve_options(options)
-        micro_batch_size = opts["micro_batch_size"]
-        base_batch_size, policy = opts["base_batch_size"], opts["policy"]
-        similarity, ema_decay = opts["similarity"], opts["ema_decay"]
-        min_variance, jit_compile = opts["min_variance"], opts["jit_compile"]
-        max_consecutive_skips = opts["max_consecutive_skips"]
         self.clock: Clock = opts["clock"] or WallClock()
-        check_objects(model, optimizer, strategy)
-        self.strategy = strategy or tf.distribute.get_strategy()
-        unsupported = tuple(
-            getattr(tf.distribute.experimental, name)
-            for name in ("ParameterServerStrategy", "CentralStorageStrategy")
-            if hasattr(tf.distribute.experimental, name)
-        )
-        if isinstance(self.strategy, unsupported):
-            raise ValueError(
-                "Argument `strategy` must be a synchronous data-parallel strategy whose "
-                "replicas all-reduce (MirroredStrategy, MultiWorkerMirroredStrategy, "
-                "TPUStrategy, OneDeviceStrategy or the default strategy): the replica "
-                "groups' statistics need it. Received: "
-                f"strategy={type(self.strategy).__name__}"
-            )
-        if max_consecutive_skips is not None:
-            max_consecutive_skips = integer("max_consecutive_skips", max_consecutive_skips)
-        self.max_consecutive_skips = max_consecutive_skips
-        self.model = model
-        self.optimizer = optimizer
+        self.strategy = check_engine_objects(model, optimizer, strategy)
+        self.max_consecutive_skips = opts["max_consecutive_skips"]
+        self.model, self.optimizer = model, optimizer
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
-        self.micro_batch_size = micro_batch_size = integer("micro_batch_size", micro_batch_size)
-        if similarity == "auto":
-            similarity = "exact" if self.num_replicas >= 2 else "estimated"
-        if similarity not in SIMILARITY_MODES:
-            raise ValueError(
-                f"Argument `similarity` must be one of {('auto', *SIMILARITY_MODES)}. "
-                f"Received: similarity={similarity!r}"
-            )
-        self.similarity_mode = similarity
-        self.ema_decay = ema_decay  # checked by `resolve_options`, as min_variance
-        self.min_variance = min_variance
-        if getattr(optimizer, "loss_scale_factor", None):
-            raise ValueError(
-                "A static `loss_scale_factor` on the optimizer is not supported by "
-                "tf_adabatch; wrap the optimizer in `keras.optimizers.LossScaleOptimizer` "
-                "(dynamic loss scaling, what `mixed_float16` uses) instead. Received: "
-                f"loss_scale_factor={optimizer.loss_scale_factor!r}"
-            )
+        self.micro_batch_size = micro_batch_size = opts["micro_batch_size"]
+        # replicas x micro-batch: the global batch of one micro-step, the unit of B.
+        self.batch_unit = unit = self.num_replicas * micro_batch_size
+        self.similarity_mode = similarity = resolve_similarity(
+            opts["similarity"], self.num_replicas
+        )
         # Dynamic loss scaling (`mixed_float16`): each micro-step differentiates the
         # scaled loss and unscales its gradients at once, so the accumulators and every
         # statistic see true gradients; the optimizer gets the scaled mean gradient and
         # does its own bookkeeping (skips and halves its scale on overflow, grows it).
         self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-        if getattr(optimizer, "gradient_accumulation_steps", None):
-            raise ValueError(
-                "The optimizer has `gradient_accumulation_steps="
-                f"{optimizer.gradient_accumulation_steps}`; tf_adabatch accumulates "
-                "gradients itself. Create the optimizer without it."
-            )
-        if not model.built or not model.trainable_variables:
-            raise ValueError(
-                "Argument `model` must be built and have trainable variables (the engine "
-                "allocates its accumulators from them): create it with a `keras.Input`, or "
-                "build a subclassed model by calling it once on a batch, e.g. "
-                "`model(x[:1])`, or with `model.build(input_shape)`, in the strategy's "
-                f"scope, before `attach` / `Trainer`. Received: model={model.name!r} "
-                f"(built={model.built}, {len(model.trainable_variables)} trainable variables)"
-            )
-        self.policy = policy or StaticPolicy(self.num_replicas * micro_batch_size)
+        self.policy = opts["policy"] or StaticPolicy(unit)
         with self.strategy.scope():
-            self.policy.build(self.num_replicas * micro_batch_size)
+            self.policy.build(unit)
         self._min_k = min_accumulation_steps(similarity, self.num_replicas)
         k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
-        if base_batch_size is not None:
-            base_batch_size = integer("base_batch_size", base_batch_size)
+        base_batch_size = opts["base_batch_size"]
         self.base_batch_size = int(
             self.policy.initial_batch_size if base_batch_size is None else base_batch_size
         )
@@ -301,9 +197,7 @@ class AdaptiveEngine:
         self._loss_fn = per_example_loss_fn(loss)
         self._variables = list(model.trainable_variables)
         with self.strategy.scope():
-            self.state = AdaptiveState(
-                accumulation_steps=k0, batch_unit=self.num_replicas * micro_batch_size
-            )
+            self.state = AdaptiveState(accumulation_steps=k0, batch_unit=unit)
             if not optimizer.built:
                 optimizer.build(self._variables)
             # The gradient groups' measurement of the similarity mode: its buffers,
@@ -339,7 +233,7 @@ class AdaptiveEngine:
                         self.lr_scale = LearningRateScale()
                 schedule.bind(
                     self.state,
-                    batch_unit=self.num_replicas * micro_batch_size,
+                    batch_unit=unit,
                     base_batch_size=self.base_batch_size,
                     scale=self.lr_scale,
                 )
@@ -353,7 +247,7 @@ class AdaptiveEngine:
         # optimizer's only when the *update* was not finite (on a non-finite gradient, a
         # loss-scale optimizer lowers its scale, which must stick). The adaptive state
         # needs no copy: a step writes its statistics after the check
-        # (`_commit_statistics`), all but the gain, which it rewrites then.
+        # (`StepBookkeeping.commit`), all but the gain, which it rewrites then.
         trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
         optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
         self._rollback = StepRollback(
@@ -369,7 +263,20 @@ class AdaptiveEngine:
         # (x, y, y_pred, sample_weight); `attach` updates Keras's compiled metrics there.
         self.micro_step_hook: Callable[[Any, Any, Any, Any], None] | None = None
 
-        wrap = (lambda f: tf.function(f, jit_compile=True)) if jit_compile else (lambda f: f)
+        self._books = StepBookkeeping(
+            self.state,
+            self.measurement,
+            self.policy,
+            self.lr_schedule,
+            micro_batch_size=micro_batch_size,
+            base_batch_size=self.base_batch_size,
+            batch_unit=unit,
+            min_k=self._min_k,
+            min_variance=opts["min_variance"],
+            ema_decay=opts["ema_decay"],
+        )
+        jit = opts["jit_compile"]
+        wrap = (lambda f: tf.function(f, jit_compile=True)) if jit else (lambda f: f)
         self._micro_fn = wrap(self._micro_step)
         single = self.num_replicas == 1
         reduce = self.measurement.reduce
@@ -381,7 +288,7 @@ class AdaptiveEngine:
         self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
         self._step_fn = tf.function(self._train_step)
-        self._restore_fn = tf.function(self._rollback.restore_mirrored)
+        self._block_fn = tf.function(self._train_block)
 
     # ------------------------------------------------------------------ public API
 
@@ -528,7 +435,16 @@ class AdaptiveEngine:
                 stacklevel=3,
             )
 
-    def train_step(self, iterator: Iterator[Any]) -> dict[str, Any]:
+    def _before_first_step(self) -> None:
+        self._warn_if_state_is_new_on_a_trained_optimizer()
+        # Keras's metrics (loss tracker, compiled metrics: built by `fit` before its
+        # first step) are updated by the micro-steps under `attach`: a skipped step
+        # leaves them as they were too. Their values may be anything, so they do not
+        # count in the finiteness check.
+        metrics = [v for m in getattr(self.model, "metrics", []) for v in m.variables]
+        self._rollback.add_local(metrics, check_finite=False)
+
+    def train_step(self, iterator: Iterator[Any]) -> dict[str, np.float64]:
         """Runs one optimizer step, consuming k micro-batches per replica.
 
         Args:
@@ -536,37 +452,88 @@ class AdaptiveEngine:
             of `micro_batch_size` examples, `(x, y)` or `(x, y, sample_weight)`.
 
         Returns:
-          A dict of scalar tensors: loss, batch_size, accumulation_steps, gain,
-          similarity, noise_scale, grad_sqr, grad_var, learning_rate, progress,
-          samples_seen, skipped_steps, applied (1.0 or 0.0), step (optimizer steps
-          taken, skipped ones included), consecutive_skips; and, timed on the host
-          (NaN for a step that traced; NumPy float64 scalars): step_time (seconds),
-          examples_per_second, progress_per_second (base-batch steps per second).
+          A dict of NumPy float64 scalars, read from the device in one transfer:
+          `STEP_LOGS` (loss, batch_size, accumulation_steps, gain, similarity,
+          noise_scale, grad_sqr, grad_var, learning_rate, progress, samples_seen,
+          skipped_steps, applied (1.0 or 0.0), step (optimizer steps taken, skipped
+          ones included), consecutive_skips); and, charged by the clock (NaN for a
+          host-timed step that traced): step_time (seconds), examples_per_second,
+          progress_per_second (base-batch steps per second).
 
         Raises:
           NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
         """
+        return {name: column[0] for name, column in self._run(iterator, None).items()}
+
+    def train_steps(
+        self, iterator: Iterator[Any], steps: int, *, until_progress: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Runs up to `steps` optimizer steps in one call on the device (`steps_per_execution`).
+
+        The steps run in a loop inside one `tf.function`; k is read from its variable
+        at every step, so the batch size changes within the block as it does between
+        calls. The block ends early, after the step that brings progress tau to
+        `until_progress` (a progress budget is crossed by exactly the step that
+        crosses it, as one step per call would), or that makes `max_consecutive_skips`
+        skips in a row. The host reads the block's logs once, at its end.
+
+        Time: a host clock (`WallClock`) charges every step of a block the block's time
+        divided by its steps (per-step times within a block are not measured); a
+        `VirtualClock` charges each step its own global batch's price. A
+        `GoodputPolicy` observes every applied step with that time.
+
+        Args:
+          iterator: as for `train_step`.
+          steps: the most optimizer steps to run (an integer >= 1).
+          until_progress: stop after the step whose progress tau reaches this.
+
+        Returns:
+          The logs of `train_step`, one NumPy float64 array each, one entry per step
+          taken (at least one).
+
+        Raises:
+          NonFiniteGradientsError: when the block ends on `max_consecutive_skips`
+            skipped steps in a row.
+
+        Example (k = 2; the block stops where tau reaches 3):
+
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                         micro_batch_size=4, policy=StaticPolicy(8))
+        >>> data = tf.data.Dataset.from_tensors((tf.ones((4, 3)), tf.ones((4,)))).repeat()
+        >>> logs = engine.train_steps(iter(data), 8, until_progress=3.0)
+        >>> logs["step"].tolist(), logs["batch_size"].tolist()
+        ([1.0, 2.0, 3.0], [8.0, 8.0, 8.0])
+        """
+        steps = integer("steps", steps)
+        if until_progress is not None:
+            until_progress = real("until_progress", until_progress, "a number", lambda v: True)
+        return self._run(iterator, (steps, until_progress))
+
+    def _run(self, iterator: Iterator[Any], block: tuple[int, float | None] | None) -> dict:
+        """One call of the step (`block` None) or of the block function; the one host read."""
         if self.trace_count == 0:
-            self._warn_if_state_is_new_on_a_trained_optimizer()
-            # Keras's metrics (loss tracker, compiled metrics: built by `fit` before
-            # its first step) are updated by the micro-steps under `attach`: a skipped
-            # step leaves them as they were too. Their values may be anything, so
-            # they do not count in the finiteness check.
-            metrics = [v for m in getattr(self.model, "metrics", []) for v in m.variables]
-            self._rollback.add_local(metrics, check_finite=False)
+            self._before_first_step()
         traces = self.trace_count
         start = time.perf_counter()
-        logs = self._step_fn(iterator)
-        # The step's outputs are ready when the call returns (the step ran to its end):
-        # reading them is the only host round trip of a step.
-        consecutive_skips = int(logs["consecutive_skips"])
+        if block is None:
+            out = self._step_fn(iterator)
+        else:
+            steps, until = block
+            limit = self.max_consecutive_skips
+            out = self._block_fn(
+                iterator,
+                tf.constant(steps, tf.int32),
+                tf.constant(math.inf if until is None else until, _F64),
+                tf.constant(-1 if limit is None else limit, tf.int64),
+            )
+        values = out.numpy().reshape(-1, len(_LOG_NAMES))  # the host read: one transfer
         seconds = time.perf_counter() - start
-        if float(logs.pop(_RESTORE)):  # rare: an update that was not finite
-            self._restore_fn()
-        increment = float(logs.pop(_PROGRESS_INCREMENT))
+        logs = dict(zip(_LOG_NAMES, values.T, strict=True))
+        increment = logs.pop(PROGRESS_INCREMENT)
         logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
-        if limit is not None and consecutive_skips >= limit:
+        if limit is not None and logs["consecutive_skips"][-1] >= limit:
             raise NonFiniteGradientsError(
                 f"{limit} optimizer steps in a row had non-finite gradients or updates (NaN or "
                 "inf) and were skipped; stopping. Weights, optimizer and adaptive state are those of "
@@ -577,26 +544,30 @@ class AdaptiveEngine:
         return logs
 
     def _timing(
-        self, logs: dict[str, tf.Tensor], seconds: float, progress: float, *, traced: bool
-    ) -> dict[str, Any]:
-        """The step's charged time: the clock's `seconds` for the step just taken.
+        self, logs: dict[str, np.ndarray], seconds: float, progress: np.ndarray, *, traced: bool
+    ) -> dict[str, np.ndarray]:
+        """The steps' charged times: the clock's, for `seconds` of host time spent on them.
 
-        A host-measured step that traced is charged NaN (its time is the trace's). Feeds
-        a `GoodputPolicy`'s throughput model with (k, charged seconds) of every applied
-        step that has a time.
+        Host time is shared equally among the steps of a call; a host-timed call that
+        traced is charged NaN (its time is the trace's). Feeds a `GoodputPolicy`'s
+        throughput model with (k, charged seconds) of every applied step that has a time.
         """
-        k = int(logs["accumulation_steps"])
+        ks, batches = logs["accumulation_steps"], logs["batch_size"]
         if traced and self.clock.measures_host:
-            seconds = float("nan")
+            charged = np.full(len(ks), np.nan)
         else:
-            seconds = self.clock.seconds(seconds, int(logs["batch_size"]), k)
-            if isinstance(self.policy, GoodputPolicy) and float(logs["applied"]):
-                self.policy.throughput.observe(k, seconds)
-        # NumPy scalars: a `tf.constant` each would cost tens of microseconds per step.
+            each = seconds / len(ks)
+            charged = np.array(
+                [self.clock.seconds(each, int(b), int(k)) for b, k in zip(batches, ks, strict=True)]
+            )
+            if isinstance(self.policy, GoodputPolicy):
+                for k, step_seconds, applied in zip(ks, charged, logs["applied"], strict=True):
+                    if applied:
+                        self.policy.throughput.observe(int(k), float(step_seconds))
         return {
-            "step_time": np.float64(seconds),
-            "examples_per_second": np.float64(float(logs["batch_size"]) / seconds),
-            "progress_per_second": np.float64(progress / seconds),
+            "step_time": charged,
+            "examples_per_second": batches / charged,
+            "progress_per_second": progress / charged,
         }
 
     # ------------------------------------------------------------- replica context
@@ -706,7 +677,7 @@ class AdaptiveEngine:
 
     # ------------------------------------------------------- cross-replica context
 
-    def _train_step(self, iterator: Iterator[Any]) -> dict[str, tf.Tensor]:
+    def _train_step(self, iterator: Iterator[Any]) -> tf.Tensor:
         self.trace_count += 1  # Python side effect: runs once per trace.
         strategy = self.strategy
         state = self.state
@@ -732,7 +703,7 @@ class AdaptiveEngine:
             if self.measurement.norms_after_reduce:
                 local = tf.nest.map_structure(lambda v: _local(strategy, v), pending)
                 reading = self.measurement.complete(reading, local)
-            stats = self._update_statistics(reading)
+            stats = self._books.update(reading)
             finite, batch = stats.finite, stats.batch
             # The rate this step applies (read before the optimizer counts the step).
             learning_rate = tf.cast(self.optimizer.learning_rate, _F64)
@@ -746,20 +717,18 @@ class AdaptiveEngine:
             # Any skip: the forward passes' writes (BatchNormalization statistics...).
             if self._rollback.local:  # (no branch at all for a model without any)
                 tf.cond(applied, lambda: None, self._rollback.restore_local)
-            # A finite gradient with a non-finite update: `train_step` restores the
-            # weights and slots (`_restore_fn`) before it returns. (On a non-finite
-            # gradient nothing was applied, and a loss-scale optimizer's lowered scale
-            # must stick.)
-            restore = finite & ~update_ok
+            # A finite gradient with a non-finite update (rare): the weights and slots
+            # too. (On a non-finite gradient nothing was applied, and a loss-scale
+            # optimizer's lowered scale must stick.)
+            tf.cond(finite & ~update_ok, self._rollback.restore_mirrored, lambda: None)
         with tf.name_scope(SCOPES["statistics"]):
-            noise = self._commit_statistics(stats, applied)
+            noise = self._books.commit(stats, applied)
         with tf.name_scope(SCOPES["policy"]):
-            counters = self._advance(applied, reading.num_micro, noise)
-        return {
-            _RESTORE: tf.cast(restore, _F64),
+            counters = self._books.advance(applied, reading.num_micro, noise)
+        logs = {
             "loss": reading.loss,
             "batch_size": batch,
-            "accumulation_steps": tf.cast(k, _F64),
+            "accumulation_steps": k,
             "gain": noise.gain,
             "similarity": noise.similarity,
             "noise_scale": noise.noise_scale,
@@ -768,6 +737,29 @@ class AdaptiveEngine:
             "learning_rate": learning_rate,
             **counters,
         }
+        # One vector (`_LOG_NAMES`): the host reads a step's logs in one transfer.
+        return tf.stack([tf.cast(logs[name], _F64) for name in _LOG_NAMES])
+
+    def _train_block(
+        self, iterator: Iterator[Any], steps: tf.Tensor, until: tf.Tensor, limit: tf.Tensor
+    ) -> tf.Tensor:
+        """Up to `steps` optimizer steps in one graph: a `tf.while_loop` around the step.
+
+        Stops after the step that brings progress to `until` or the consecutive skips
+        to `limit` (-1: no limit). Returns the steps' logs, `[steps taken, logs]`.
+        """
+        state = self.state
+
+        def go_on(i: tf.Tensor, logs: tf.TensorArray) -> tf.Tensor:
+            more = (i < steps) & (state.progress.read_value() < until)
+            return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))
+
+        def step(i: tf.Tensor, logs: tf.TensorArray) -> tuple[tf.Tensor, tf.TensorArray]:
+            return i + 1, logs.write(i, self._train_step(iterator))
+
+        logs = tf.TensorArray(_F64, size=0, dynamic_size=True, element_shape=[len(_LOG_NAMES)])
+        _, logs = tf.while_loop(go_on, step, (tf.constant(0), logs))
+        return logs.stack()
 
     def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
         """Applies the mean gradient on every replica if `finite` (cross-replica context)."""
@@ -782,124 +774,6 @@ class AdaptiveEngine:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-
-    def _update_statistics(self, reading: Reading) -> _StepStatistics:
-        """Moments, moving averages, gain and similarity of this step, as values.
-
-        Only the gain is written here: the learning-rate rule reads it while the
-        optimizer applies. The rest is written by `_commit_statistics` once the step is
-        known to be applied, so a skipped step has nothing of the state to roll back.
-        """
-        state = self.state
-        batch = reading.num_micro * float(self.micro_batch_size)
-        b0 = tf.constant(float(self.base_batch_size), _F64)
-        finite = tf.reduce_all(
-            tf.math.is_finite(tf.stack([reading.mean_sq, reading.grad_mean_sq, reading.loss]))
-        )
-        step = self.measurement.interpret(reading, batch, finite)
-        moments = S.clip_moments(step.moments, b0, self.min_variance)
-        n = reading.num_micro
-        decay = S.default_decay(n) if self.ema_decay is None else tf.constant(self.ema_decay, _F64)
-        update = step.valid  # (a skipped step commits none of this: `_commit_statistics`)
-        old = {name: getattr(state, name).read_value() for name in _STATISTICS}
-        grad_sqr_b, weight = S.ema_update(
-            old["grad_sqr_biased"], old["ema_weight"], moments.grad_sqr, decay
-        )
-        trace_b, _ = S.ema_update(
-            old["trace_sigma_biased"], old["ema_weight"], moments.trace_sigma, decay
-        )
-        grad_sqr_b = tf.where(update, grad_sqr_b, old["grad_sqr_biased"])
-        trace_b = tf.where(update, trace_b, old["trace_sigma_biased"])
-        weight = tf.where(update, weight, old["ema_weight"])
-        grad_sqr, trace = S.debias(grad_sqr_b, weight), S.debias(trace_b, weight)
-        gain = tf.where(weight > 0.0, S.adascale_gain(grad_sqr, trace, batch, b0), 1.0)
-        gain = tf.where(finite, gain, old["gain"])
-        state.gain.assign(gain, read_value=False)
-        new = {
-            "grad_sqr_biased": grad_sqr_b,
-            "trace_sigma_biased": trace_b,
-            "ema_weight": weight,
-            "gain": gain,
-            "similarity": tf.where(finite, step.similarity, old["similarity"]),
-        }
-        return _StepStatistics(finite, batch, new, old)
-
-    def _commit_statistics(self, stats: _StepStatistics, applied: tf.Tensor) -> _Noise:
-        """Writes the step's statistics if it was applied (else keeps the old ones, the
-        gain included); returns them as the policy and the logs see them."""
-        kept = {}
-        for name in _STATISTICS:
-            kept[name] = tf.where(applied, stats.new[name], stats.old[name])
-            getattr(self.state, name).assign(kept[name], read_value=False)
-        self.measurement.after_step(applied, stats.batch)
-        grad_sqr = S.debias(kept["grad_sqr_biased"], kept["ema_weight"])
-        trace = S.debias(kept["trace_sigma_biased"], kept["ema_weight"])
-        return _Noise(
-            gain=kept["gain"],
-            similarity=kept["similarity"],
-            grad_sqr=grad_sqr,
-            trace_sigma=trace,
-            noise_scale=S.noise_scale(grad_sqr, trace),
-        )
-
-    def _advance(
-        self, finite: tf.Tensor, num_micro: tf.Tensor, noise: _Noise
-    ) -> dict[str, tf.Tensor]:
-        """Counters, progress tau and the policy's next batch size."""
-        state = self.state
-        applied = tf.cast(finite, tf.int64)
-        # From the all-reduced micro-gradient count, not from k: every state write must
-        # depend on the micro-steps, so that a step cut short by the end of the data
-        # (an error inside the loop) leaves the state untouched.
-        batch = tf.cast(tf.round(num_micro), tf.int64) * self.micro_batch_size
-        if self.lr_schedule is None:
-            increment = noise.gain
-        else:
-            scale = tf.cast(batch, _F64) / float(self.base_batch_size)
-            increment = self.lr_schedule.progress_increment(noise.gain, scale)
-        increment = tf.where(finite, tf.cast(increment, _F64), 0.0)
-        progress = state.progress.read_value() + increment
-        steps = state.steps.read_value() + applied
-        skipped = state.skipped_steps.read_value() + (1 - applied)
-        consecutive = tf.where(finite, tf.zeros_like(applied), state.consecutive_skips + 1)
-        samples = state.samples_seen.read_value() + batch
-        for variable, value in (
-            (state.progress, progress),
-            (state.steps, steps),
-            (state.skipped_steps, skipped),
-            (state.consecutive_skips, consecutive),
-            (state.samples_seen, samples),
-        ):
-            variable.assign(value, read_value=False)
-        stats = StepStats(
-            similarity=noise.similarity,
-            grad_sqr=noise.grad_sqr,
-            trace_sigma=noise.trace_sigma,
-            noise_scale=noise.noise_scale,
-            gain=noise.gain,
-            progress=progress,
-            step=steps,
-        )
-        unit = self.num_replicas * self.micro_batch_size
-        # Skipped steps leave the policy (and its state) alone.
-        proposed = tf.cond(
-            finite,
-            lambda: tf.cast(self.policy.next_batch_size(batch, stats), tf.float64),
-            lambda: tf.cast(batch, tf.float64),
-        )
-        new_k = tf.maximum(tf.cast(tf.round(proposed / unit), tf.int64), self._min_k)
-        state.accumulation_steps.assign(
-            tf.where(finite, new_k, state.accumulation_steps), read_value=False
-        )
-        return {
-            _PROGRESS_INCREMENT: increment,
-            "progress": progress,
-            "samples_seen": tf.cast(samples, _F64),
-            "skipped_steps": tf.cast(skipped, _F64),
-            "applied": tf.cast(finite, _F64),
-            "step": tf.cast(steps + skipped, _F64),
-            "consecutive_skips": tf.cast(consecutive, _F64),
-        }
 
     # ---------------------------------------------------------------- validation
 

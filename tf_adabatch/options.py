@@ -8,11 +8,20 @@ from typing import Any
 # typing_extensions comes with TensorFlow; `Required` for Python 3.10.
 from typing_extensions import Required, TypedDict
 
-from tf_adabatch._checks import is_real
+from tf_adabatch._checks import integer, is_real
 from tf_adabatch.clock import Clock
 from tf_adabatch.policies import BatchPolicy
 
-__all__ = ["EngineOptions", "check_objects", "resolve_options"]
+__all__ = [
+    "SIMILARITY_MODES",
+    "EngineOptions",
+    "check_engine_objects",
+    "check_objects",
+    "resolve_options",
+    "resolve_similarity",
+]
+
+SIMILARITY_MODES = ("exact", "estimated")
 
 
 class EngineOptions(TypedDict, total=False):
@@ -96,11 +105,15 @@ def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str
 
 def _check_values(options: dict[str, Any]) -> None:
     """The options' types and ranges that need no model or strategy (ValueError, Keras's
-    message shape: argument, rule, value received)."""
+    message shape: argument, rule, value received); integers made Python ints."""
 
     def refuse(name: str, rule: str) -> None:
         raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={options[name]!r}")
 
+    options["micro_batch_size"] = integer("micro_batch_size", options["micro_batch_size"])
+    for name in ("base_batch_size", "max_consecutive_skips"):
+        if options[name] is not None:
+            options[name] = integer(name, options[name])
     policy = options["policy"]
     if policy is not None and not isinstance(policy, BatchPolicy):
         refuse(
@@ -146,3 +159,76 @@ def check_objects(
             "`tf.distribute.MirroredStrategy()`) or None for the current one. "
             f"Received: strategy={strategy!r}"
         )
+
+
+def check_engine_objects(model: Any, optimizer: Any, strategy: Any) -> Any:
+    """`check_objects`, and what the engine needs of them; returns the strategy to use.
+
+    The strategy must be synchronous data-parallel (its replicas all-reduce), the
+    optimizer must neither scale the loss statically nor accumulate gradients itself,
+    and the model must be built (the engine allocates its accumulators from its
+    weights).
+
+    >>> import keras
+    >>> unbuilt = keras.Sequential([keras.layers.Dense(1)], name="unbuilt")
+    >>> check_engine_objects(unbuilt, keras.optimizers.SGD(), None)
+    Traceback (most recent call last):
+    ...
+    ValueError: Argument `model` must be built and have trainable variables (the engine allocates its accumulators from them): create it with a `keras.Input`, or build a subclassed model by calling it once on a batch, e.g. `model(x[:1])`, or with `model.build(input_shape)`, in the strategy's scope, before `attach` / `Trainer`. Received: model='unbuilt' (built=False, 0 trainable variables)
+    """
+    import tensorflow as tf
+
+    check_objects(model, optimizer, strategy)
+    strategy = strategy or tf.distribute.get_strategy()
+    unsupported = tuple(
+        getattr(tf.distribute.experimental, name)
+        for name in ("ParameterServerStrategy", "CentralStorageStrategy")
+        if hasattr(tf.distribute.experimental, name)
+    )
+    if isinstance(strategy, unsupported):
+        raise ValueError(
+            "Argument `strategy` must be a synchronous data-parallel strategy whose "
+            "replicas all-reduce (MirroredStrategy, MultiWorkerMirroredStrategy, "
+            "TPUStrategy, OneDeviceStrategy or the default strategy): the replica "
+            f"groups' statistics need it. Received: strategy={type(strategy).__name__}"
+        )
+    if getattr(optimizer, "loss_scale_factor", None):
+        raise ValueError(
+            "A static `loss_scale_factor` on the optimizer is not supported by "
+            "tf_adabatch; wrap the optimizer in `keras.optimizers.LossScaleOptimizer` "
+            "(dynamic loss scaling, what `mixed_float16` uses) instead. Received: "
+            f"loss_scale_factor={optimizer.loss_scale_factor!r}"
+        )
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError(
+            "The optimizer has `gradient_accumulation_steps="
+            f"{optimizer.gradient_accumulation_steps}`; tf_adabatch accumulates "
+            "gradients itself. Create the optimizer without it."
+        )
+    if not model.built or not model.trainable_variables:
+        raise ValueError(
+            "Argument `model` must be built and have trainable variables (the engine "
+            "allocates its accumulators from them): create it with a `keras.Input`, or "
+            "build a subclassed model by calling it once on a batch, e.g. "
+            "`model(x[:1])`, or with `model.build(input_shape)`, in the strategy's "
+            f"scope, before `attach` / `Trainer`. Received: model={model.name!r} "
+            f"(built={model.built}, {len(model.trainable_variables)} trainable variables)"
+        )
+    return strategy
+
+
+def resolve_similarity(similarity: str, num_replicas: int) -> str:
+    """The similarity mode "auto" stands for: exact with two or more replicas, else
+    estimated; an unknown mode is refused.
+
+    >>> resolve_similarity("auto", 1), resolve_similarity("auto", 4)
+    ('estimated', 'exact')
+    """
+    if similarity == "auto":
+        similarity = "exact" if num_replicas >= 2 else "estimated"
+    if similarity not in SIMILARITY_MODES:
+        raise ValueError(
+            f"Argument `similarity` must be one of {('auto', *SIMILARITY_MODES)}. "
+            f"Received: similarity={similarity!r}"
+        )
+    return similarity
