@@ -295,9 +295,9 @@ MUTANTS = [
     ),
     Mutant(
         "carry_uses_the_new_unit",
-        "tf_adabatch/engine.py",
-        "batch = int(self.state.accumulation_steps.numpy()) * saved",
-        "batch = int(self.state.accumulation_steps.numpy()) * unit",
+        "tf_adabatch/resume.py",
+        "batch = int(state.accumulation_steps.numpy()) * saved",
+        "batch = int(state.accumulation_steps.numpy()) * unit",
         (
             "tests/test_checkpoints.py::test_two_resumes_on_other_replica_counts_keep_the_global_batch_written_by_hand",
         ),
@@ -532,7 +532,7 @@ MUTANTS = [
     # ---------------------------------------------------------------- elastic resume, inputs
     Mutant(
         "resume_keeps_k_on_another_topology",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/resume.py",
         "k = min(max(round(batch / unit), low), high)",
         "k = int(self.state.accumulation_steps.numpy())",
         (

@@ -41,10 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
+
+import numpy as np
 
 from tf_adabatch._checks import is_real
 
-__all__ = ["Clock", "StepTimeModel", "VirtualClock", "WallClock"]
+__all__ = ["Clock", "StepTimeModel", "VirtualClock", "WallClock", "charge"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,3 +217,29 @@ class VirtualClock(Clock):
 
     def __repr__(self) -> str:
         return f"VirtualClock({self.profile!r}, devices={self.devices})"
+
+
+def charge(
+    clock: Clock, seconds: float, batch_sizes: Any, accumulation_steps: Any, *, traced: bool
+) -> np.ndarray:
+    """What `clock` charges each of the steps one call of the engine took.
+
+    `seconds` is the host's time for the whole call; the call's steps share it
+    equally (the host does not see them apart). A host-timed call that traced is
+    charged NaN: its time is the trace's.
+
+    >>> charge(WallClock(), 0.3, [64, 128], [1, 2], traced=False).tolist()
+    [0.15, 0.15]
+    >>> charge(WallClock(), 0.3, [64], [1], traced=True).tolist()
+    [nan]
+    """
+    if traced and clock.measures_host:
+        return np.full(len(batch_sizes), np.nan)
+    each = seconds / len(batch_sizes)
+    return np.array(
+        [
+            clock.seconds(each, int(b), int(k))
+            for b, k in zip(batch_sizes, accumulation_steps, strict=True)
+        ],
+        dtype=np.float64,
+    )

@@ -1,6 +1,7 @@
 """The distributed adaptive step: micro-steps, one all-reduce, statistics, policy, apply.
 
-Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
+Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`; N of them in
+one call of `train_steps`, a `tf.while_loop` on the device):
 
     k x micro-step (replica context)   forward + backward on m examples; add the
                                         gradient to a per-replica accumulator and its
@@ -26,9 +27,14 @@ Data flow of one optimizer step (one call of `AdaptiveEngine.train_step`):
                                         statistics included); then the statistics
                                         are written, or kept as they were
     policy (cross-replica context)     the next batch size, as accumulation steps k
+    logs                               one float64 vector per step (`STEP_LOGS`): the
+                                        host reads it once per call, nothing between
 
-k is read from a variable, so changing it never retraces. The engine is written once
-and serves the custom loop (`tf_adabatch.Trainer`) and, later, `model.fit`.
+k is read from a variable, so changing it never retraces. The engine serves the custom
+loop (`tf_adabatch.Trainer`) and `model.fit` (`attach`). Its rooms: the measurement
+(`measure`), the statistics' update and commit (`step_statistics`), the micro-batch's
+gradients (`gradients`, `losses`), the roll-back (`rollback`), the options' checks
+(`options`), restoring a state (`resume`), the step's price (`clock`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,10 +53,12 @@ import tensorflow as tf
 from typing_extensions import Unpack
 
 from tf_adabatch import _keras_seams as seams
+from tf_adabatch import resume
 from tf_adabatch import stats as S
 from tf_adabatch._checks import integer, real
-from tf_adabatch.clock import Clock, WallClock
-from tf_adabatch.losses import per_example_loss_fn, weighted_losses
+from tf_adabatch.clock import Clock, WallClock, charge
+from tf_adabatch.gradients import MicroGradients
+from tf_adabatch.losses import per_example_loss_fn
 from tf_adabatch.measure import (
     SCOPES,
     GroupMeasurement,
@@ -69,7 +76,7 @@ from tf_adabatch.options import (
 )
 from tf_adabatch.policies import GoodputPolicy, StaticPolicy
 from tf_adabatch.rollback import StepRollback
-from tf_adabatch.schedules import AdaptiveLearningRate, LearningRateScale
+from tf_adabatch.schedules import bind_adaptive_schedules
 from tf_adabatch.state import AdaptiveState
 from tf_adabatch.step_statistics import PROGRESS_INCREMENT, StepBookkeeping
 
@@ -179,11 +186,6 @@ class AdaptiveEngine:
         self.similarity_mode = similarity = resolve_similarity(
             opts["similarity"], self.num_replicas
         )
-        # Dynamic loss scaling (`mixed_float16`): each micro-step differentiates the
-        # scaled loss and unscales its gradients at once, so the accumulators and every
-        # statistic see true gradients; the optimizer gets the scaled mean gradient and
-        # does its own bookkeeping (skips and halves its scale on overflow, grows it).
-        self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.policy = opts["policy"] or StaticPolicy(unit)
         with self.strategy.scope():
             self.policy.build(unit)
@@ -194,8 +196,13 @@ class AdaptiveEngine:
             self.policy.initial_batch_size if base_batch_size is None else base_batch_size
         )
 
-        self._loss_fn = per_example_loss_fn(loss)
-        self._variables = list(model.trainable_variables)
+        # Dynamic loss scaling (`mixed_float16`): each micro-step differentiates the
+        # scaled loss and unscales its gradients at once, so the accumulators and every
+        # statistic see true gradients; the optimizer gets the scaled mean gradient and
+        # does its own bookkeeping (skips and halves its scale on overflow, grows it).
+        self._grads = MicroGradients(model, per_example_loss_fn(loss), optimizer)
+        self._loss_scaled = self._grads.loss_scaled
+        self._variables = self._grads.variables
         with self.strategy.scope():
             self.state = AdaptiveState(accumulation_steps=k0, batch_unit=unit)
             if not optimizer.built:
@@ -222,22 +229,14 @@ class AdaptiveEngine:
         )
         self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
-        # state.
-        self.lr_schedule: AdaptiveLearningRate | None = None
-        self.lr_scale: LearningRateScale | None = None  # Keras's LR callbacks' multiplier
-        for opt in seams.optimizer_chain(optimizer):
-            schedule = seams.learning_rate_schedule(opt)
-            if isinstance(schedule, AdaptiveLearningRate):
-                if self.lr_scale is None:
-                    with self.strategy.scope():
-                        self.lr_scale = LearningRateScale()
-                schedule.bind(
-                    self.state,
-                    batch_unit=unit,
-                    base_batch_size=self.base_batch_size,
-                    scale=self.lr_scale,
-                )
-                self.lr_schedule = schedule
+        # state; `lr_scale` is Keras's learning-rate callbacks' multiplier.
+        self.lr_schedule, self.lr_scale = bind_adaptive_schedules(
+            [seams.learning_rate_schedule(opt) for opt in seams.optimizer_chain(optimizer)],
+            self.state,
+            self.strategy,
+            batch_unit=unit,
+            base_batch_size=self.base_batch_size,
+        )
         self.trace_count = 0
         # A skipped step changes nothing: the forward passes may have written the
         # model's non-trainable variables (BatchNormalization statistics, seed
@@ -248,20 +247,9 @@ class AdaptiveEngine:
         # loss-scale optimizer lowers its scale, which must stick). The adaptive state
         # needs no copy: a step writes its statistics after the check
         # (`StepBookkeeping.commit`), all but the gain, which it rewrites then.
-        trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
-        optimizer_variables = [v for opt in seams.optimizer_chain(optimizer) for v in opt.variables]
-        self._rollback = StepRollback(
-            self.strategy,
-            local=[
-                *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
-                *self.measurement.carried_buffers,
-            ],
-            mirrored=[*model.trainable_variables, *optimizer_variables],
-            name="adabatch_backup",
+        self._rollback = StepRollback.for_step(
+            self.strategy, model, optimizer, self.measurement.carried_buffers
         )
-        # Called in replica context after each micro-step's forward pass with
-        # (x, y, y_pred, sample_weight); `attach` updates Keras's compiled metrics there.
-        self.micro_step_hook: Callable[[Any, Any, Any, Any], None] | None = None
 
         self._books = StepBookkeeping(
             self.state,
@@ -291,6 +279,16 @@ class AdaptiveEngine:
         self._block_fn = tf.function(self._train_block)
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def micro_step_hook(self) -> Callable[[Any, Any, Any, Any], None] | None:
+        """Called in replica context after each micro-step's forward pass with (x, y,
+        y_pred, sample_weight); `attach` updates Keras's compiled metrics there."""
+        return self._grads.hook
+
+    @micro_step_hook.setter
+    def micro_step_hook(self, hook: Callable[[Any, Any, Any, Any], None] | None) -> None:
+        self._grads.hook = hook
 
     @property
     def accumulation_steps(self) -> int:
@@ -349,64 +347,18 @@ class AdaptiveEngine:
         )
 
     def carry_batch_over(self) -> str | None:
-        """After restoring a state written on another topology: keeps its global batch.
-
-        The state stores k and the replicas x micro-batch (the batch unit) of the engine
-        that wrote it. Restored as is on another number of replicas (or another
-        micro-batch size), k would give another global batch: 4 -> 2 replicas would
-        halve it. This sets k so that the global batch stays the saved one, or the
-        nearest reachable one (a multiple of this engine's unit, within the policy's
-        bounds); the differenced estimator's previous gradient (one replica, estimated
-        similarity) is not carried over. Progress, moving averages, the policy's state
-        and the samples seen are unchanged. Host code; `tf_adabatch.app.run` and Keras's
-        loading under `attach` call it after a restore.
+        """After restoring a state written on another topology: keeps its global batch
+        (`tf_adabatch.resume.carry_batch_over`, which says how).
 
         Returns:
           None if the topology is unchanged, else one line saying what happened.
-
-        Example (a state written with 4 replicas x 32 and k = 2: batch 256; resumed
-        on one device x 32, k becomes 8; one replica in exact mode):
-
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
-        ...                         micro_batch_size=32, policy=StaticPolicy(64),
-        ...                         similarity="exact")
-        >>> _ = engine.state.batch_unit.assign(128); _ = engine.state.accumulation_steps.assign(2)
-        >>> engine.carry_batch_over()
-        'Resumed on a batch unit of 32 (replicas x micro-batch; it was 128): global batch 256 kept (k = 8).'
-
-        With estimated similarity on one replica, the line adds "The differenced
-        estimator starts over (no previous gradient)."
         """
-        saved = int(self.state.batch_unit.numpy())
-        unit = self.num_replicas * self.micro_batch_size
-        if saved in (0, unit):
-            self.state.batch_unit.assign(unit)
-            return None
-        batch = int(self.state.accumulation_steps.numpy()) * saved
-        low = max(self._min_k, -(-int(getattr(self.policy, "min_batch_size", 0)) // unit))
-        high = max(low, int(getattr(self.policy, "max_batch_size", 0)) // unit or 2**62)
-        k = min(max(round(batch / unit), low), high)
-        self.state.accumulation_steps.assign(k)
-        self.state.prev_batch_size.assign(0.0)  # the previous gradient is not comparable
-        self.state.batch_unit.assign(unit)
-        head = f"Resumed on a batch unit of {unit} (replicas x micro-batch; it was {saved}): "
-        # One replica, estimated similarity: the previous gradient (if the file had one)
-        # was taken on another topology, so the differenced estimator starts over.
-        restart = (
-            " The differenced estimator starts over (no previous gradient)."
-            if self.carried_buffers
-            else ""
-        )
-        if k * unit == batch:
-            return head + f"global batch {batch} kept (k = {k})." + restart
-        return (
-            head
-            + (
-                f"global batch {batch} is not reachable; continuing with {k * unit}, the nearest "
-                "reachable one within the policy's bounds."
-            )
-            + restart
+        return resume.carry_batch_over(
+            self.state,
+            self.policy,
+            self.batch_unit,
+            self._min_k,
+            carried=bool(self.carried_buffers),
         )
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -417,26 +369,8 @@ class AdaptiveEngine:
         """
         self.state.accumulation_steps.assign(self._batch_to_k_checked("batch_size", batch_size))
 
-    def _warn_if_state_is_new_on_a_trained_optimizer(self) -> None:
-        """Before the first step: a trained optimizer with a new adaptive state means the
-        model was restored without its state (e.g. `keras.models.load_model` then
-        `attach`), and training would restart the schedule on tau = 0 at the initial
-        batch. Said once, as a warning: a model trained with plain Keras first may
-        start its adaptation afresh on purpose."""
-        iterations = int(self.optimizer.iterations.numpy())
-        taken = int(self.state.steps.numpy()) + int(self.state.skipped_steps.numpy())
-        if iterations > 0 and taken == 0:
-            warnings.warn(
-                f"The optimizer has taken {iterations} steps but the adaptive state is new "
-                f"(progress 0, batch {self.batch_size}): the model was restored without its "
-                "tf_adabatch state, and the schedule restarts at progress 0. To continue a "
-                "model saved under tf_adabatch, load it with `tf_adabatch.load_model(path, "
-                "...)`, or call `model.load_weights(path)` after `attach` / `Trainer(...)`.",
-                stacklevel=3,
-            )
-
     def _before_first_step(self) -> None:
-        self._warn_if_state_is_new_on_a_trained_optimizer()
+        resume.warn_if_state_is_new(self.optimizer, self.state, self.batch_size)
         # Keras's metrics (loss tracker, compiled metrics: built by `fit` before its
         # first step) are updated by the micro-steps under `attach`: a skipped step
         # leaves them as they were too. Their values may be anything, so they do not
@@ -546,24 +480,14 @@ class AdaptiveEngine:
     def _timing(
         self, logs: dict[str, np.ndarray], seconds: float, progress: np.ndarray, *, traced: bool
     ) -> dict[str, np.ndarray]:
-        """The steps' charged times: the clock's, for `seconds` of host time spent on them.
-
-        Host time is shared equally among the steps of a call; a host-timed call that
-        traced is charged NaN (its time is the trace's). Feeds a `GoodputPolicy`'s
-        throughput model with (k, charged seconds) of every applied step that has a time.
-        """
+        """The steps' charged times (`clock.charge`); a `GoodputPolicy`'s throughput
+        model observes (k, charged seconds) of every applied step that has a time."""
         ks, batches = logs["accumulation_steps"], logs["batch_size"]
-        if traced and self.clock.measures_host:
-            charged = np.full(len(ks), np.nan)
-        else:
-            each = seconds / len(ks)
-            charged = np.array(
-                [self.clock.seconds(each, int(b), int(k)) for b, k in zip(batches, ks, strict=True)]
-            )
-            if isinstance(self.policy, GoodputPolicy):
-                for k, step_seconds, applied in zip(ks, charged, logs["applied"], strict=True):
-                    if applied:
-                        self.policy.throughput.observe(int(k), float(step_seconds))
+        charged = charge(self.clock, seconds, batches, ks, traced=traced)
+        if isinstance(self.policy, GoodputPolicy) and not np.isnan(charged).all():
+            for k, step_seconds, applied in zip(ks, charged, logs["applied"], strict=True):
+                if applied:
+                    self.policy.throughput.observe(int(k), float(step_seconds))
         return {
             "step_time": charged,
             "examples_per_second": batches / charged,
@@ -571,17 +495,6 @@ class AdaptiveEngine:
         }
 
     # ------------------------------------------------------------- replica context
-
-    def _extra_losses(self) -> tf.Tensor:
-        """Activity / `add_loss` losses of the last forward pass, without weight regularizers.
-
-        Weight regularizers are applied once per step in `_apply_step` instead: they are
-        the same for every micro-batch and would inflate the groups' similarity.
-        """
-        extra = seams.added_losses(self.model, self._variables)
-        if not extra:
-            return tf.constant(0.0, tf.float32)
-        return tf.add_n([tf.cast(x, tf.float32) for x in extra])
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
         grads, data_loss = self._micro_gradients(data)
@@ -627,52 +540,10 @@ class AdaptiveEngine:
                 message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
                 "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
             )
-            return self._forward_backward(x, y, sample_weight)
-
-    def _forward_backward(
-        self, x: Any, y: Any, sample_weight: Any
-    ) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """The forward and backward pass of `_micro_gradients` on unpacked data."""
-        with tf.GradientTape() as tape:
-            y_pred = self.model(x, training=True)
-            per_example = tf.cast(self._loss_fn(y, y_pred), tf.float32)
-            if sample_weight is not None:
-                per_example = weighted_losses(per_example, sample_weight)
-            data_loss = tf.reduce_mean(per_example)
-            loss = data_loss + self._extra_losses()
-            if self._loss_scaled:
-                loss = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(loss, self._variables)
-        if self.micro_step_hook is not None:
-            self.micro_step_hook(x, y, y_pred, sample_weight)
-        grads = [
-            tf.zeros(v.shape, v.dtype) if g is None else tf.cast(tf.convert_to_tensor(g), v.dtype)
-            for g, v in zip(grads, self._variables, strict=True)
-        ]
-        if self._loss_scaled:  # unscale now: overflow stays inf/NaN and skips the step
-            scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
-            grads = [g / tf.cast(scale, g.dtype) for g in grads]
-        return grads, data_loss
+            return self._grads(x, y, sample_weight)
 
     def _apply_step(self, grads: list[tf.Tensor], finite: tf.Tensor | None = None) -> None:
-        regularized = [v for v in self._variables if getattr(v, "regularizer", None) is not None]
-        if regularized:
-            with tf.GradientTape() as tape:
-                reg = tf.add_n([tf.cast(v.regularizer(v), tf.float32) for v in regularized])
-            reg_grads = tape.gradient(reg, self._variables)
-            grads = [
-                g if r is None else g + tf.cast(r, g.dtype)
-                for g, r in zip(grads, reg_grads, strict=True)
-            ]
-        if self._loss_scaled:
-            # The loss-scale optimizer divides by its scale (a power of two: exact). A
-            # step the engine skips (e.g. a non-finite loss with finite gradients) must
-            # be skipped by the optimizer too: hand it non-finite gradients then.
-            scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
-            nan = tf.constant(float("nan"))
-            grads = [
-                tf.where(finite, g * tf.cast(scale, g.dtype), tf.cast(nan, g.dtype)) for g in grads
-            ]
+        grads = self._grads.for_update(grads, finite)
         self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
 
     # ------------------------------------------------------- cross-replica context

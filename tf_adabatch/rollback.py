@@ -26,10 +26,8 @@ class StepRollback:
       optimizer slots). `save` copies the first device's copy into a backup on that
       device (one copy in all; the backup is allocated on every device, since a
       variable made under a strategy's scope is, but only the first is written);
-      `restore_mirrored` assigns it back to every device. It is not part of the step:
-      the step reports that its update was not finite, and the host calls
-      `restore_mirrored` (a `tf.function`) then, so that the step carries no branch
-      holding the saved values.
+      `restore_mirrored` assigns it back to every device, in a branch of the step
+      taken only when an update from finite gradients was not finite.
 
     Example (the default strategy; a mirrored variable written, then rolled back):
 
@@ -64,6 +62,25 @@ class StepRollback:
             (_first(strategy, v), _first(strategy, self._backup(v, f"mirrored_{i}", on_read=True)))
             for i, v in enumerate(self.mirrored)
         ]
+
+    @classmethod
+    def for_step(
+        cls, strategy: tf.distribute.Strategy, model: Any, optimizer: Any, carried: list[Any]
+    ) -> StepRollback:
+        """What one optimizer step may write: the model's non-trainable variables and
+        the measurement's `carried` buffers (local), its weights and every optimizer
+        variable (mirrored)."""
+        trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
+        chain = seams.optimizer_chain(optimizer)
+        return cls(
+            strategy,
+            local=[
+                *(v for v in model.variables if id(seams.tf_variable(v)) not in trainable),
+                *carried,
+            ],
+            mirrored=[*model.trainable_variables, *(v for opt in chain for v in opt.variables)],
+            name="adabatch_backup",
+        )
 
     def _backup(self, variable: Any, suffix: str, *, on_read: bool) -> Any:
         """A zero variable shaped like `variable`, made in the strategy's scope: with its

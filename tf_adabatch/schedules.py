@@ -33,7 +33,12 @@ from keras.optimizers.schedules import LearningRateSchedule
 from tf_adabatch._checks import integer, is_real
 from tf_adabatch.state import AdaptiveState
 
-__all__ = ["LR_RULES", "AdaptiveLearningRate", "LearningRateScale"]
+__all__ = [
+    "LR_RULES",
+    "AdaptiveLearningRate",
+    "LearningRateScale",
+    "bind_adaptive_schedules",
+]
 
 LR_RULES = ("adascale", "sqrt", "linear", "none")
 
@@ -264,3 +269,31 @@ class AdaptiveLearningRate(LearningRateSchedule):
         if isinstance(config["base"], dict):
             config["base"] = keras.saving.deserialize_keras_object(config["base"])
         return cls(**config)
+
+
+def bind_adaptive_schedules(
+    schedules: list[Any],
+    state: AdaptiveState,
+    strategy: tf.distribute.Strategy,
+    *,
+    batch_unit: int,
+    base_batch_size: int,
+) -> tuple[AdaptiveLearningRate | None, LearningRateScale | None]:
+    """Binds every `AdaptiveLearningRate` among an optimizer chain's `schedules` to the
+    engine's state, with one `LearningRateScale` (made in `strategy`'s scope) for all.
+
+    Returns:
+      The last adaptive schedule and the scale, or (None, None) if there is none.
+    """
+    adaptive: AdaptiveLearningRate | None = None
+    scale: LearningRateScale | None = None
+    for schedule in schedules:
+        if isinstance(schedule, AdaptiveLearningRate):
+            if scale is None:
+                with strategy.scope():
+                    scale = LearningRateScale()
+            schedule.bind(
+                state, batch_unit=batch_unit, base_batch_size=base_batch_size, scale=scale
+            )
+            adaptive = schedule
+    return adaptive, scale

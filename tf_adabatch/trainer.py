@@ -389,7 +389,7 @@ class Trainer:
                         "weighted_metrics", weighted_metrics, y, y_pred, strategy, weighted=True
                     ),
                 ]
-            loss_obj = seams.reducing_loss(engine._loss_fn)
+            loss_obj = seams.reducing_loss(engine._grads.loss_fn)
 
             def replica_step(data: Any) -> None:
                 x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
