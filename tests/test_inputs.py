@@ -160,6 +160,7 @@ def test_every_front_door_takes_the_same_engine_options() -> None:
         "min_variance",
         "jit_compile",
         "max_consecutive_skips",
+        "rollback",
         "clock",
     }
     strategy = get_strategy(1)

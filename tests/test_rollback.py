@@ -271,3 +271,48 @@ def test_an_update_that_leaves_only_a_moving_statistic_infinite_is_skipped_and_u
     after = snapshot(trainer)
     assert assert_unchanged(before, after) == len(before) - 3
     assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0  # trains on
+
+
+def test_rollback_stop_keeps_no_copy_and_stops_on_a_non_finite_update() -> None:
+    """rollback="stop" (memory-light): no copy of the weights and slots; a non-finite
+    gradient is still skipped with nothing changed, and an update from finite gradients
+    that is not finite (lr = inf) stops the run, in a block too, at that step."""
+    strategy = get_strategy(2)
+    step = 2 * M * 2
+    x, y = regression_data(8 * step)
+    sizes = {}
+    lr = tf.Variable(0.05, dtype=tf.float32, trainable=False)
+    for mode in ("copy", "stop"):
+        model = bn_model(strategy)
+        with strategy.scope():
+            optimizer = keras.optimizers.SGD(lambda: lr, momentum=0.9)
+        trainer = tf_adabatch.Trainer(
+            model,
+            loss="mse",
+            optimizer=optimizer,
+            micro_batch_size=M,
+            policy=tf_adabatch.StaticPolicy(step),
+            strategy=strategy,
+            rollback=mode,
+        )
+        sizes[mode] = trainer.engine.memory()
+    # The copy holds the weights and the momentum slots on both devices; without it, only
+    # BatchNormalization's moving statistics (per device) are copied.
+    copy, stop = sizes["copy"], sizes["stop"]
+    trainable = sum(v.numpy().nbytes for v in model.trainable_variables) * 2
+    non_trainable = sum(v.numpy().nbytes for v in model.non_trainable_variables) * 2
+    assert stop["rollback"] == non_trainable
+    assert copy["rollback"] == non_trainable + copy["optimizer"] + trainable
+    engine = trainer.engine
+    iterator = iter(trainer.distribute(global_micro_batches(x, y, 2 * M)))
+    assert float(engine.train_step(iterator)["applied"]) == 1.0
+    nan_x = np.full_like(x[: 2 * M], np.nan)
+    bad = iter(trainer.distribute(global_micro_batches(nan_x, y[: 2 * M], 2 * M).repeat()))
+    before = snapshot(trainer)
+    assert float(engine.train_step(bad)["applied"]) == 0.0  # a non-finite gradient: skipped
+    assert assert_unchanged(before, snapshot(trainer)) == len(before) - 3  # counters aside
+    lr.assign(float("inf"))
+    with pytest.raises(tf_adabatch.NonFiniteUpdateError, match="Optimizer step 3 had finite"):
+        engine.train_steps(iterator, 8)
+    assert int(trainer.state.steps.numpy()) == 1  # the block stopped at that step
+    assert int(trainer.state.skipped_steps.numpy()) == 2

@@ -11,7 +11,7 @@ from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
 from tf_adabatch.clock import StepTimeModel, VirtualClock, WallClock
 from tf_adabatch.critical_batch import CriticalBatchWarmupPolicy, NormTestPolicy, SeesawPolicy
-from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError
+from tf_adabatch.engine import AdaptiveEngine, NonFiniteGradientsError, NonFiniteUpdateError
 from tf_adabatch.keras_fit import attach, load_model
 from tf_adabatch.lr_callbacks import LearningRateScheduler, ReduceLROnPlateau
 from tf_adabatch.options import EngineOptions
@@ -45,6 +45,7 @@ __all__ = [
     "LearningRateScheduler",
     "NoiseScalePolicy",
     "NonFiniteGradientsError",
+    "NonFiniteUpdateError",
     "NormTestPolicy",
     "ProgressBudget",
     "ReduceLROnPlateau",

@@ -107,7 +107,10 @@ STEP_LOGS = (
     "step",
     "consecutive_skips",
 )
-_LOG_NAMES = (*STEP_LOGS, PROGRESS_INCREMENT)
+# Whether the step's update (from finite gradients) was not finite: restored from the
+# copy with rollback="copy"; the end of the run with "stop".
+_UPDATE_LOST = "_update_not_finite"
+_LOG_NAMES = (*STEP_LOGS, PROGRESS_INCREMENT, _UPDATE_LOST)
 _F64 = tf.float64
 
 
@@ -117,6 +120,24 @@ class NonFiniteGradientsError(RuntimeError):
     >>> issubclass(NonFiniteGradientsError, RuntimeError)
     True
     """
+
+
+class NonFiniteUpdateError(NonFiniteGradientsError):
+    """With `rollback="stop"`: an update from finite gradients left a weight or an
+    optimizer variable non-finite, and there is no copy to undo it with.
+
+    >>> issubclass(NonFiniteUpdateError, NonFiniteGradientsError)
+    True
+    """
+
+
+def _bytes(strategy: tf.distribute.Strategy, variables: list[Any]) -> int:
+    """Bytes of `variables`, every device's component counted once."""
+    seen: dict[int, int] = {}
+    for variable in variables:
+        for part in strategy.experimental_local_results(seams.tf_variable(variable)):
+            seen[id(part)] = part.shape.num_elements() * part.dtype.size
+    return sum(seen.values())
 
 
 def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
@@ -247,8 +268,14 @@ class AdaptiveEngine:
         # loss-scale optimizer lowers its scale, which must stick). The adaptive state
         # needs no copy: a step writes its statistics after the check
         # (`StepBookkeeping.commit`), all but the gain, which it rewrites then.
+        self.min_variance, self.ema_decay = opts["min_variance"], opts["ema_decay"]
+        self.rollback_mode = opts["rollback"]
         self._rollback = StepRollback.for_step(
-            self.strategy, model, optimizer, self.measurement.carried_buffers
+            self.strategy,
+            model,
+            optimizer,
+            self.measurement.carried_buffers,
+            copy_mirrored=self.rollback_mode == "copy",
         )
 
         self._books = StepBookkeeping(
@@ -260,8 +287,8 @@ class AdaptiveEngine:
             base_batch_size=self.base_batch_size,
             batch_unit=unit,
             min_k=self._min_k,
-            min_variance=opts["min_variance"],
-            ema_decay=opts["ema_decay"],
+            min_variance=self.min_variance,
+            ema_decay=self.ema_decay,
         )
         jit = opts["jit_compile"]
         wrap = (lambda f: tf.function(f, jit_compile=True)) if jit else (lambda f: f)
@@ -337,6 +364,34 @@ class AdaptiveEngine:
         if self.lr_scale is not None:
             parts["lr"] = self.lr_scale
         return parts
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of variables on all devices together: the model's, the optimizer's,
+        and what the engine adds (the roll-back's copies, the measurement's
+        accumulators and buffers, the adaptive state).
+
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+        ...                         micro_batch_size=4, rollback="stop", similarity="exact",
+        ...                         policy=StaticPolicy(8))
+        >>> engine.memory()["model"], engine.memory()["rollback"]  # 4 float32 weights
+        (16, 0)
+        """
+        optimizer = [v for opt in seams.optimizer_chain(self.optimizer) for v in opt.variables]
+        measurement = [
+            v
+            for value in vars(self.measurement).values()
+            for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, tf.Variable)
+        ]
+        parts = {
+            "model": self.model.variables,
+            "optimizer": optimizer,
+            "rollback": self._rollback.backups(),
+            "measurement": measurement,
+            "state": [*self.state.variables, *self.policy.variables],
+        }
+        return {name: _bytes(self.strategy, variables) for name, variables in parts.items()}
 
     def smoothed_moments(self) -> S.NoiseMoments:
         """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
@@ -465,6 +520,15 @@ class AdaptiveEngine:
         seconds = time.perf_counter() - start
         logs = dict(zip(_LOG_NAMES, values.T, strict=True))
         increment = logs.pop(PROGRESS_INCREMENT)
+        lost = logs.pop(_UPDATE_LOST)
+        if lost.any() and not self._rollback.copies_mirrored:
+            raise NonFiniteUpdateError(
+                f"Optimizer step {int(logs['step'][lost > 0][0])} had finite gradients but its "
+                "update left a weight or an optimizer variable non-finite (NaN or inf), and "
+                'with rollback="stop" there is no copy to undo it: the model is broken. '
+                "Resume from the last checkpoint (lower the learning rate), or use "
+                'rollback="copy" to skip such steps.'
+            )
         logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
         limit = self.max_consecutive_skips
         if limit is not None and logs["consecutive_skips"][-1] >= limit:
@@ -589,9 +653,12 @@ class AdaptiveEngine:
             if self._rollback.local:  # (no branch at all for a model without any)
                 tf.cond(applied, lambda: None, self._rollback.restore_local)
             # A finite gradient with a non-finite update (rare): the weights and slots
-            # too. (On a non-finite gradient nothing was applied, and a loss-scale
-            # optimizer's lowered scale must stick.)
-            tf.cond(finite & ~update_ok, self._rollback.restore_mirrored, lambda: None)
+            # too, from their copy (rollback="stop": none; the host stops the run). (On a
+            # non-finite gradient nothing was applied, and a loss-scale optimizer's
+            # lowered scale must stick.)
+            lost = finite & ~update_ok
+            if self._rollback.copies_mirrored:
+                tf.cond(lost, self._rollback.restore_mirrored, lambda: None)
         with tf.name_scope(SCOPES["statistics"]):
             noise = self._books.commit(stats, applied)
         with tf.name_scope(SCOPES["policy"]):
@@ -607,6 +674,7 @@ class AdaptiveEngine:
             "grad_var": noise.trace_sigma / float(self.base_batch_size),
             "learning_rate": learning_rate,
             **counters,
+            _UPDATE_LOST: lost,
         }
         # One vector (`_LOG_NAMES`): the host reads a step's logs in one transfer.
         return tf.stack([tf.cast(logs[name], _F64) for name in _LOG_NAMES])
@@ -621,15 +689,23 @@ class AdaptiveEngine:
         """
         state = self.state
 
-        def go_on(i: tf.Tensor, logs: tf.TensorArray) -> tf.Tensor:
+        lost_at = _LOG_NAMES.index(_UPDATE_LOST)
+        stop_on_lost = not self._rollback.copies_mirrored
+
+        def go_on(i: tf.Tensor, logs: tf.TensorArray, lost: tf.Tensor) -> tf.Tensor:
             more = (i < steps) & (state.progress.read_value() < until)
+            if stop_on_lost:
+                more = more & ~lost
             return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))
 
-        def step(i: tf.Tensor, logs: tf.TensorArray) -> tuple[tf.Tensor, tf.TensorArray]:
-            return i + 1, logs.write(i, self._train_step(iterator))
+        def step(
+            i: tf.Tensor, logs: tf.TensorArray, lost: tf.Tensor
+        ) -> tuple[tf.Tensor, tf.TensorArray, tf.Tensor]:
+            out = self._train_step(iterator)
+            return i + 1, logs.write(i, out), out[lost_at] > 0
 
         logs = tf.TensorArray(_F64, size=0, dynamic_size=True, element_shape=[len(_LOG_NAMES)])
-        _, logs = tf.while_loop(go_on, step, (tf.constant(0), logs))
+        _, logs, _ = tf.while_loop(go_on, step, (tf.constant(0), logs, tf.constant(False)))
         return logs.stack()
 
     def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:

@@ -25,6 +25,14 @@ class MicroGradients:
 
     `hook`, if set, is called after each forward pass with (x, y, y_pred,
     sample_weight): `attach` updates Keras's compiled metrics there.
+
+    >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+    >>> _ = model.layers[0].kernel.assign([[2.0]])
+    >>> loss = lambda y, p: tf.square(y - p)[:, 0]  # per example
+    >>> grads, data_loss = MicroGradients(model, loss, keras.optimizers.SGD())(
+    ...     tf.constant([[1.0]]), tf.constant([[0.0]]), None)
+    >>> float(data_loss), grads[0].numpy().tolist()  # (2x)^2 and d/dw = 2 (w x) x
+    (4.0, [[4.0]])
     """
 
     def __init__(self, model: keras.Model, loss_fn: Callable[..., Any], optimizer: Any) -> None:

@@ -17,6 +17,9 @@ def per_example_loss_fn(loss: Any) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor
     A Keras `Loss` object's `__call__` reduces and divides by the replica count under a
     strategy; its public `call` does neither. A string is resolved with
     `keras.losses.get`; any other callable must return per-example losses.
+
+    >>> per_example_loss_fn("mse")(tf.constant([[0.0], [1.0]]), tf.constant([[1.0], [3.0]])).numpy()
+    array([1., 4.], dtype=float32)
     """
     if isinstance(loss, str):
         loss = keras.losses.get(loss)

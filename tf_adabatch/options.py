@@ -13,6 +13,7 @@ from tf_adabatch.clock import Clock
 from tf_adabatch.policies import BatchPolicy
 
 __all__ = [
+    "ROLLBACK_MODES",
     "SIMILARITY_MODES",
     "EngineOptions",
     "check_engine_objects",
@@ -49,6 +50,14 @@ class EngineOptions(TypedDict, total=False):
         reduce and apply steps too on a single replica). Default False.
       max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
         (non-finite) steps in a row (default 100); None never stops.
+      rollback: how a step whose *update* (from finite gradients) left a weight or
+        optimizer slot non-finite is undone. "copy" (default): every step first copies
+        the weights and the optimizer's variables (Adam: three times the model, on
+        every device) and such a step is restored from the copy and skipped. "stop":
+        no copy (the memory-light mode); such a step stops the run with
+        `NonFiniteUpdateError` (resume from the last checkpoint). Either way the
+        gradients are checked before the update, and a non-finite gradient skips the
+        step with nothing changed.
       clock: what each optimizer step is charged (`step_time` in the logs and
         summaries, and what a `GoodputPolicy` learns from): a `tf_adabatch.WallClock`
         (the host's time; the default, None) or a `tf_adabatch.VirtualClock` (the time
@@ -66,6 +75,7 @@ class EngineOptions(TypedDict, total=False):
     min_variance: float
     jit_compile: bool
     max_consecutive_skips: int | None
+    rollback: str
     clock: Clock | None
 
 
@@ -77,8 +87,11 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "min_variance": 1e-6,
     "jit_compile": False,
     "max_consecutive_skips": 100,
+    "rollback": "copy",
     "clock": None,
 }
+
+ROLLBACK_MODES = ("copy", "stop")
 
 
 def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str, Any]:
@@ -87,7 +100,7 @@ def resolve_options(options: Any, *, caller: str = "AdaptiveEngine") -> dict[str
     >>> resolve_options({"micro_batch_size": 8, "batch": 4})
     Traceback (most recent call last):
     ...
-    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, clock, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, similarity (tf_adabatch.EngineOptions).
+    TypeError: AdaptiveEngine() got an unexpected keyword argument 'batch'; its options are base_batch_size, clock, ema_decay, jit_compile, max_consecutive_skips, micro_batch_size, min_variance, policy, rollback, similarity (tf_adabatch.EngineOptions).
     """
     known = EngineOptions.__annotations__
     for name in options:
@@ -128,6 +141,8 @@ def _check_values(options: dict[str, Any]) -> None:
         refuse("min_variance", "a finite number >= 0")
     if not isinstance(options["jit_compile"], bool):
         refuse("jit_compile", "True or False")
+    if options["rollback"] not in ROLLBACK_MODES:
+        refuse("rollback", f"one of {ROLLBACK_MODES}")
     if options["clock"] is not None and not isinstance(options["clock"], Clock):
         refuse("clock", "a `tf_adabatch.WallClock()` or `tf_adabatch.VirtualClock(...)`, or None")
 

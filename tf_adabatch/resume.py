@@ -77,7 +77,20 @@ def warn_if_state_is_new(optimizer: Any, state: AdaptiveState, batch_size: int) 
     model was restored without its state (e.g. `keras.models.load_model` then
     `attach`), and training would restart the schedule on tau = 0 at the initial
     batch. Said once, as a warning: a model trained with plain Keras first may
-    start its adaptation afresh on purpose."""
+    start its adaptation afresh on purpose.
+
+    >>> import warnings, keras
+    >>> from tf_adabatch import AdaptiveEngine
+    >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+    ...                         micro_batch_size=4)
+    >>> _ = engine.optimizer.iterations.assign(5)  # as if trained, then restored alone
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_if_state_is_new(engine.optimizer, engine.state, engine.batch_size)
+    >>> str(caught[0].message)[:47]
+    'The optimizer has taken 5 steps but the adaptiv'
+    """
     iterations = int(optimizer.iterations.numpy())
     taken = int(state.steps.numpy()) + int(state.skipped_steps.numpy())
     if iterations > 0 and taken == 0:

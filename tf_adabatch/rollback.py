@@ -50,6 +50,7 @@ class StepRollback:
         local: list[Any],
         mirrored: list[Any],
         name: str,
+        copy_mirrored: bool = True,
     ) -> None:
         self._strategy, self._name = strategy, name
         self.local: list[Any] = []
@@ -58,18 +59,30 @@ class StepRollback:
         self.add_local(local)
         self.mirrored = [v for v in _unique(mirrored) if all(v is not w for w in self.local)]
         # (first device's copy, its backup there)
-        self._mirrored_pairs = [
-            (_first(strategy, v), _first(strategy, self._backup(v, f"mirrored_{i}", on_read=True)))
+        self._mirrored_backups = [
+            self._backup(v, f"mirrored_{i}", on_read=True)
             for i, v in enumerate(self.mirrored)
+            if copy_mirrored
         ]
+        self._mirrored_pairs = [
+            (_first(strategy, v), _first(strategy, b))
+            for v, b in zip(self.mirrored, self._mirrored_backups, strict=False)  # none: no copy
+        ]
+        self.copies_mirrored = copy_mirrored
 
     @classmethod
     def for_step(
-        cls, strategy: tf.distribute.Strategy, model: Any, optimizer: Any, carried: list[Any]
+        cls,
+        strategy: tf.distribute.Strategy,
+        model: Any,
+        optimizer: Any,
+        carried: list[Any],
+        *,
+        copy_mirrored: bool = True,
     ) -> StepRollback:
         """What one optimizer step may write: the model's non-trainable variables and
         the measurement's `carried` buffers (local), its weights and every optimizer
-        variable (mirrored)."""
+        variable (mirrored: checked for finiteness, and copied if `copy_mirrored`)."""
         trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
         chain = seams.optimizer_chain(optimizer)
         return cls(
@@ -80,7 +93,15 @@ class StepRollback:
             ],
             mirrored=[*model.trainable_variables, *(v for opt in chain for v in opt.variables)],
             name="adabatch_backup",
+            copy_mirrored=copy_mirrored,
         )
+
+    def backups(self) -> list[Any]:
+        """The copies this roll-back holds (every device's component of each)."""
+        mirrored = self._mirrored_backups
+        return [copy for _, copy in self._pairs] + [
+            v for b in mirrored for v in self._strategy.experimental_local_results(b)
+        ]
 
     def _backup(self, variable: Any, suffix: str, *, on_read: bool) -> Any:
         """A zero variable shaped like `variable`, made in the strategy's scope: with its
@@ -131,8 +152,9 @@ class StepRollback:
             source.assign(copy.read_value(), read_value=False)
 
     def restore_mirrored(self) -> None:
-        """Assigns the saved weights and slots back to every device (cross-replica)."""
-        for variable, (_, copy) in zip(self.mirrored, self._mirrored_pairs, strict=True):
+        """Assigns the saved weights and slots back to every device (cross-replica);
+        nothing without `copy_mirrored`."""
+        for variable, (_, copy) in zip(self.mirrored, self._mirrored_pairs, strict=False):
             variable.assign(copy.read_value(), read_value=False)
 
     def all_finite(self) -> tf.Tensor:

@@ -284,6 +284,16 @@ def bind_adaptive_schedules(
 
     Returns:
       The last adaptive schedule and the scale, or (None, None) if there is none.
+
+    >>> state = AdaptiveState(accumulation_steps=1, batch_unit=8)
+    >>> schedule = AdaptiveLearningRate(0.1)
+    >>> bound, scale = bind_adaptive_schedules(
+    ...     [schedule], state, tf.distribute.get_strategy(), batch_unit=8, base_batch_size=8)
+    >>> bound is schedule, float(scale.scale.numpy())
+    (True, 1.0)
+    >>> bind_adaptive_schedules([0.1], state, tf.distribute.get_strategy(),
+    ...                         batch_unit=8, base_batch_size=8)
+    (None, None)
     """
     adaptive: AdaptiveLearningRate | None = None
     scale: LearningRateScale | None = None

@@ -66,6 +66,17 @@ class StepBookkeeping:
         base batch B0, and replicas x micro-batch.
       min_k: the fewest micro-steps the measurement needs.
       min_variance, ema_decay: the engine's options of the same names.
+
+    The engine makes one and calls it inside its step:
+
+    >>> import keras
+    >>> from tf_adabatch import AdaptiveEngine
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> engine = AdaptiveEngine(model, loss="mse", optimizer=keras.optimizers.SGD(0.1),
+    ...                         micro_batch_size=4)
+    >>> books = engine._books
+    >>> isinstance(books, StepBookkeeping), books.batch_unit, books.base_batch_size
+    (True, 4, 4)
     """
 
     def __init__(

@@ -20,6 +20,7 @@ from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats, summaries
 from tf_adabatch._checks import integer, real
 from tf_adabatch.engine import AdaptiveEngine
+from tf_adabatch.evaluation import Evaluation
 from tf_adabatch.keras_fit import track_adaptive_state
 from tf_adabatch.options import EngineOptions, check_objects, resolve_options
 from tf_adabatch.state import AdaptiveState
@@ -100,8 +101,7 @@ class Trainer:
         track_adaptive_state(model, self.engine)
         self._checkpoint: tf.train.Checkpoint | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
-        self._eval_fn: Any = None
-        self._eval_key: list[tuple[str, str, int]] = []
+        self._evaluate = Evaluation(self.engine)
 
     # ------------------------------------------------------------------ the loop
 
@@ -196,6 +196,7 @@ class Trainer:
         summary_dir: str | None = None,
         callbacks: list[keras.callbacks.Callback] | None = None,
         verbose: int = 1,
+        steps_per_execution: int = 1,
     ) -> dict[str, list[float]]:
         """Trains until `steps` optimizer steps or a progress budget, whichever is first.
 
@@ -219,6 +220,17 @@ class Trainer:
             and also shows `progress`; on a progress budget alone it counts base steps
             (progress tau) and also shows `step`, the optimizer steps taken (skipped
             ones included). 0 prints nothing.
+          steps_per_execution: optimizer steps per call of the engine, run in a loop
+            on the device (`AdaptiveEngine.train_steps`): the host reads the steps'
+            logs once per block. As with Keras's `steps_per_execution`, callbacks get
+            `on_train_batch_begin` with a block's first step and `on_train_batch_end`
+            with its last (and that step's logs), and the bar moves once per block;
+            the history and the summaries still have every step. The step budget cuts
+            the last block short; a progress budget ends a block after the step that
+            reaches it (the same step as with 1); `model.stop_training` acts at block
+            ends. A host clock charges each step of a block the block's time / its
+            steps. If the data run out inside a block, the block's steps taken before
+            are kept (the weights and state have them) but their logs are lost.
 
         Returns:
           The per-step logs, as lists of floats keyed by name (see
@@ -240,6 +252,7 @@ class Trainer:
             steps = integer("steps", steps, minimum=0)
         if until_progress is not None:
             real("until_progress", until_progress, "a number >= 0", lambda v: v >= 0)
+        per_call = integer("steps_per_execution", steps_per_execution)
         iterator = dataset if hasattr(dataset, "__next__") else iter(self.distribute(dataset))
         writer = self._writer(summary_dir)
         # Without a step count the bar runs on progress tau towards the budget.
@@ -256,6 +269,7 @@ class Trainer:
         model.stop_training = False
         hooks.on_train_begin()
         done = 0
+        first_step = int(self.state.steps.numpy() + self.state.skipped_steps.numpy())
         # Read once; then from each step's logs (a read of the variable cost ~0.9 ms a
         # step in the application's loop on this project's CPU machine).
         progress = self.progress
@@ -265,24 +279,34 @@ class Trainer:
             and not model.stop_training
         ):
             hooks.on_train_batch_begin(done)
+            block = per_call if steps is None else min(per_call, steps - done)
             try:
-                logs = self.engine.train_step(iterator)
+                if per_call == 1:
+                    logs = {k: np.array([v]) for k, v in self.engine.train_step(iterator).items()}
+                else:
+                    logs = self.engine.train_steps(iterator, block, until_progress=until_progress)
             except tf.errors.OutOfRangeError:
                 # Nothing to undo: the next step's first micro-step overwrites the
-                # accumulators, and no state was written by the cut step.
+                # accumulators, and no state was written by the cut step (a block's
+                # earlier steps were taken: counted from the state).
+                taken = int(self.state.steps.numpy() + self.state.skipped_steps.numpy())
                 warnings.warn(
-                    f"The dataset ran out after {done} optimizer steps; the unfinished "
-                    "step was discarded. Repeat the dataset to train longer.",
+                    f"The dataset ran out after {taken - first_step} "
+                    "optimizer steps; the unfinished step was discarded. Repeat the "
+                    "dataset to train longer.",
                     stacklevel=2,
                 )
                 break
-            done += 1
-            values = {name: float(value) for name, value in logs.items()}
+            for row in zip(*logs.values(), strict=True):
+                values = {name: float(value) for name, value in zip(logs, row, strict=True)}
+                done += 1
+                for name, value in values.items():
+                    history.setdefault(name, []).append(value)
+                if writer is not None:
+                    summaries.write_step(
+                        writer, int(values["step"]), values, policy=self.engine.policy
+                    )
             progress = values["progress"]
-            for name, value in values.items():
-                history.setdefault(name, []).append(value)
-            if writer is not None:
-                summaries.write_step(writer, int(values["step"]), values, policy=self.engine.policy)
             if progbar is not None:
                 current: float = done
                 if by_progress and until_progress is not None:
@@ -349,88 +373,7 @@ class Trainer:
         >>> sorted(result), bool(np.isclose(result["accuracy"], correct.mean()))
         (['accuracy', 'loss'], True)
         """
-        engine = self.engine
-        strategy = engine.strategy
-        model = engine.model
-        if isinstance(dataset, tf.data.Dataset):
-            dist = strategy.experimental_distribute_dataset(dataset)
-        elif callable(dataset):
-            dist = strategy.distribute_datasets_from_function(dataset)
-        else:
-            raise ValueError(
-                "Argument `dataset` must be a finite `tf.data.Dataset` of global batches or "
-                "a function `input_context -> tf.data.Dataset`. Received: dataset of type "
-                f"{type(dataset).__name__}"
-            )
-        iterator = iter(dist)
-        optional = iterator.get_next_as_optional()
-        if not optional.has_value():
-            raise ValueError("Argument `dataset` must not be empty.")
-        first = optional.get_value()
-        key = _metrics_key("metrics", metrics) + _metrics_key("weighted", weighted_metrics)
-        if self._eval_fn is None or self._eval_key != key:
-            local = tf.nest.map_structure(
-                lambda v: (
-                    strategy.experimental_local_results(v)[0]
-                    if isinstance(v, tf.distribute.DistributedValues)
-                    else v
-                ),
-                first,
-            )
-            x, y, _ = keras.utils.unpack_x_y_sample_weight(local)
-            y_pred = model.compute_output_spec(
-                tf.nest.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype.name), x)
-            )
-            with strategy.scope():
-                tracker = keras.metrics.Mean(name="loss")
-                entries = [
-                    *_resolve_metrics("metrics", metrics, y, y_pred, strategy, weighted=False),
-                    *_resolve_metrics(
-                        "weighted_metrics", weighted_metrics, y, y_pred, strategy, weighted=True
-                    ),
-                ]
-            loss_obj = seams.reducing_loss(engine._grads.loss_fn)
-
-            def replica_step(data: Any) -> None:
-                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-                y_pred = model(x, training=False)
-                # Keras's test step: the Loss reduces per replica and divides by the
-                # replica count; undo that, add the model's losses, weight by the batch.
-                loss = seams.undo_replica_scaling(
-                    tf.cast(loss_obj(y, y_pred, sample_weight=sample_weight), tf.float32)
-                )
-                for extra in model.losses:
-                    loss = loss + tf.cast(extra, tf.float32)
-                batch = tf.shape(next(v for v in tf.nest.flatten(x) if v is not None))[0]
-                tracker.update_state(loss, sample_weight=batch)
-                for _, metric, weighted in entries:
-                    metric.update_state(
-                        y, y_pred, sample_weight=sample_weight if weighted else None
-                    )
-
-            @tf.function(reduce_retracing=True)
-            def eval_step(data: Any) -> None:
-                strategy.run(replica_step, args=(data,))
-
-            self._eval_fn = (eval_step, [("loss", tracker, False), *entries])
-            self._eval_key = key
-        eval_step, all_metrics = self._eval_fn
-        for _, metric, _ in all_metrics:
-            metric.reset_state()
-        eval_step(first)
-        while True:
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
-            eval_step(optional.get_value())
-        results: dict[str, float] = {}
-        for name, metric, _ in all_metrics:
-            value = metric.result()  # cross-replica read: summed over the replicas
-            if isinstance(value, dict):
-                results.update({k: _to_float(v) for k, v in value.items()})
-            else:
-                results[name] = _to_float(value)
-        return results
+        return self._evaluate(dataset, metrics=metrics, weighted_metrics=weighted_metrics)
 
     def _writer(self, summary_dir: str | None) -> tf.summary.SummaryWriter | None:
         if summary_dir is None:
@@ -603,80 +546,3 @@ class _TrainingBar(seams.StepTimedProgbar):
             current, values = self._pending
             self._pending = None
             self.update(current, values, finalize=True)
-
-
-def _metrics_key(role: str, metrics: Any) -> list[tuple[str, str, int]]:
-    """Identifies a `metrics` argument: the cached evaluation is reused while it matches."""
-    if metrics is None:
-        return []
-    items = metrics.items() if isinstance(metrics, dict) else enumerate(_as_list(metrics))
-    return [(role, str(name), id(m) if not isinstance(m, str) else hash(m)) for name, m in items]
-
-
-def _as_list(metrics: Any) -> list[Any]:
-    return list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
-
-
-def _resolve_metrics(
-    argument: str,
-    metrics: Any,
-    y_true: Any,
-    y_pred: Any,
-    strategy: tf.distribute.Strategy,
-    *,
-    weighted: bool,
-) -> list[tuple[str, keras.metrics.Metric, bool]]:
-    """Keras metric objects for `Trainer.evaluate` (call in the strategy's scope)."""
-    if metrics is None:
-        return []
-    named = (
-        list(metrics.items())
-        if isinstance(metrics, dict)
-        else [(None, m) for m in _as_list(metrics)]
-    )
-    resolved = []
-    for name, spec in named:
-        if isinstance(spec, keras.losses.Loss):
-            # Its per-example values, averaged over examples. (Keras's `compile` wraps
-            # a Loss object's reduced value instead: a mean of batch means, divided by
-            # the replica count under a strategy.)
-            metric: keras.metrics.Metric = keras.metrics.MeanMetricWrapper(
-                spec.call, name=name or spec.name
-            )
-        elif isinstance(spec, keras.metrics.Metric):
-            metric = _in_scope(spec, strategy, argument)
-        elif isinstance(spec, str) or callable(spec):
-            metric = seams.resolve_metric(spec, y_true, y_pred)
-        else:
-            raise TypeError(
-                f"Argument `{argument}` must hold metric names, `keras.metrics.Metric` or "
-                "`keras.losses.Loss` objects or callables `(y_true, y_pred) -> values`, "
-                f"in a list or a dict name -> metric. Received: {argument}={metrics!r}"
-            )
-        resolved.append((name or metric.name, metric, weighted))
-    return resolved
-
-
-def _in_scope(
-    metric: keras.metrics.Metric, strategy: tf.distribute.Strategy, argument: str
-) -> keras.metrics.Metric:
-    """The metric itself if its variables belong to `strategy`, else a copy made in it."""
-    if all(
-        strategy.extended.variable_created_in_scope(getattr(v, "value", v))
-        for v in metric.variables
-    ):
-        return metric
-    try:
-        return type(metric).from_config(metric.get_config())
-    except Exception as error:
-        raise ValueError(
-            f"Argument `{argument}`: metric {metric.name!r} was created outside "
-            f"`strategy.scope()` of the Trainer's strategy ({type(strategy).__name__}) "
-            "and cannot be re-created from its config there; create it inside the "
-            f"scope. Received: {metric!r} ({error})"
-        ) from error
-
-
-def _to_float(value: Any) -> Any:
-    array = np.asarray(keras.ops.convert_to_numpy(value))
-    return float(array) if array.ndim == 0 else array.tolist()
