@@ -99,7 +99,7 @@ MUTANTS = [
     # ---------------------------------------------------------------- gain
     Mutant(
         "gain_scale_from_base_batch",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "S.adascale_gain(grad_sqr, trace, batch, b0)",
         "S.adascale_gain(grad_sqr, trace, b0, b0)",
         (CLOSED_FORM, "tests/test_engine_golden.py"),
@@ -107,7 +107,7 @@ MUTANTS = [
     ),
     Mutant(
         "gain_inputs_swapped",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "S.adascale_gain(grad_sqr, trace, batch, b0)",
         "S.adascale_gain(trace, grad_sqr, batch, b0)",
         (CLOSED_FORM, "tests/test_engine_golden.py"),
@@ -165,7 +165,7 @@ MUTANTS = [
     ),
     Mutant(
         "replica_norm_of_the_last_micro_step_only",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/measure.py",
         "lambda: S.sum_of_squares(local), lambda: scalars[0])",
         "lambda: scalars[0], lambda: scalars[0])",
         (CLOSED_FORM,),
@@ -225,7 +225,7 @@ MUTANTS = [
     ),
     Mutant(
         "skip_counted_wrong",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "skipped = state.skipped_steps.read_value() + (1 - applied)",
         "skipped = state.skipped_steps.read_value() + tf.ones_like(applied)",
         (
@@ -247,7 +247,7 @@ MUTANTS = [
     ),
     Mutant(
         "skip_updates_moving_averages",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "kept[name] = tf.where(applied, stats.new[name], stats.old[name])",
         "kept[name] = stats.new[name]",
         (
@@ -257,9 +257,9 @@ MUTANTS = [
     ),
     Mutant(
         "goodput_learns_from_skipped_steps",
-        "tf_adabatch/engine.py",
-        "                    if applied:\n",
-        "                    if True:\n",
+        "tf_adabatch/step_logs.py",
+        "            if applied:\n",
+        "            if True:\n",
         ("tests/test_goodput.py::test_a_skipped_step_teaches_the_throughput_model_nothing",),
         "the throughput model learns from applied steps only (a skipped step's time is not a step's)",
     ),
@@ -331,7 +331,7 @@ MUTANTS = [
     ),
     Mutant(
         "skip_feeds_the_policy",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "proposed = tf.cond(\n            finite,",
         "proposed = tf.cond(\n            tf.constant(True),",
         (
@@ -450,10 +450,56 @@ MUTANTS = [
     Mutant(
         "non_finite_update_kept",
         "tf_adabatch/engine.py",
-        "            self._restore_fn()",
-        "            pass",
+        "tf.cond(lost, self._rollback.restore_mirrored, lambda: None)",
+        "tf.cond(lost, lambda: None, lambda: None)",
         ("tests/test_rollback.py",),
         "an update that leaves a weight or slot non-finite is rolled back",
+    ),
+    Mutant(
+        "block_ignores_the_progress_budget",
+        "tf_adabatch/engine.py",
+        "more = (i < steps) & (state.progress.read_value() < until)",
+        "more = i < steps",
+        (
+            "tests/test_steps_per_execution.py::test_a_progress_budget_ends_the_block_on_the_step_that_reaches_it",
+        ),
+        "a block of steps ends on the step that reaches the progress budget",
+    ),
+    Mutant(
+        "block_ignores_the_skip_limit",
+        "tf_adabatch/engine.py",
+        "return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))",
+        "return more",
+        ("tests/test_steps_per_execution.py::test_the_skip_limit_ends_a_block_and_raises",),
+        "a block of steps ends at max_consecutive_skips",
+    ),
+    Mutant(
+        "block_runs_past_a_lost_update",
+        "tf_adabatch/engine.py",
+        "                more = more & ~lost",
+        "                more = more",
+        (
+            "tests/test_rollback.py::test_rollback_stop_keeps_no_copy_and_stops_on_a_non_finite_update",
+        ),
+        'with rollback="stop" a block ends on the step whose update was not finite',
+    ),
+    Mutant(
+        "stop_mode_ignores_a_lost_update",
+        "tf_adabatch/step_logs.py",
+        "if lost.any() and not update_undone:",
+        "if False:",
+        (
+            "tests/test_rollback.py::test_rollback_stop_keeps_no_copy_and_stops_on_a_non_finite_update",
+        ),
+        'with rollback="stop" a non-finite update stops the run (no copy to undo it)',
+    ),
+    Mutant(
+        "block_time_not_shared_among_its_steps",
+        "tf_adabatch/clock.py",
+        "each = seconds / len(batch_sizes)",
+        "each = seconds",
+        ("tf_adabatch/clock.py::tf_adabatch.clock.charge",),
+        "a host clock charges each step of a block the block's time / its steps",
     ),
     Mutant(
         "non_finite_update_counted_applied",
@@ -473,7 +519,7 @@ MUTANTS = [
     ),
     Mutant(
         "statistics_committed_on_a_failed_update",
-        "tf_adabatch/engine.py",
+        "tf_adabatch/step_statistics.py",
         "kept[name] = tf.where(applied, stats.new[name], stats.old[name])",
         "kept[name] = tf.where(stats.finite, stats.new[name], stats.old[name])",
         ("tests/test_rollback.py",),

@@ -40,7 +40,6 @@ gradients (`gradients`, `losses`), the roll-back (`rollback`), the options' chec
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,7 +55,7 @@ from tf_adabatch import _keras_seams as seams
 from tf_adabatch import resume
 from tf_adabatch import stats as S
 from tf_adabatch._checks import integer, real
-from tf_adabatch.clock import Clock, WallClock, charge
+from tf_adabatch.clock import Clock, WallClock
 from tf_adabatch.gradients import MicroGradients
 from tf_adabatch.losses import per_example_loss_fn
 from tf_adabatch.measure import (
@@ -64,21 +63,29 @@ from tf_adabatch.measure import (
     GroupMeasurement,
     Reading,
     make_measurement,
-    micro_scalars,
     min_accumulation_steps,
 )
 from tf_adabatch.options import (
     SIMILARITY_MODES,
     EngineOptions,
+    batch_to_k,
     check_engine_objects,
     resolve_options,
     resolve_similarity,
 )
-from tf_adabatch.policies import GoodputPolicy, StaticPolicy
-from tf_adabatch.rollback import StepRollback
+from tf_adabatch.policies import StaticPolicy
+from tf_adabatch.rollback import StepRollback, variable_bytes
 from tf_adabatch.schedules import bind_adaptive_schedules
 from tf_adabatch.state import AdaptiveState
-from tf_adabatch.step_statistics import PROGRESS_INCREMENT, StepBookkeeping
+from tf_adabatch.step_logs import (
+    LOG_NAMES,
+    STEP_LOGS,
+    UPDATE_LOST,
+    NonFiniteGradientsError,
+    NonFiniteUpdateError,
+    read_call,
+)
+from tf_adabatch.step_statistics import StepBookkeeping
 
 __all__ = [
     "SIMILARITY_MODES",
@@ -86,63 +93,11 @@ __all__ = [
     "AdaptiveEngine",
     "EngineOptions",
     "NonFiniteGradientsError",
+    "NonFiniteUpdateError",
     "resolve_options",
 ]
 
-# The logs of one step, in the order of the step's output vector.
-STEP_LOGS = (
-    "loss",
-    "batch_size",
-    "accumulation_steps",
-    "gain",
-    "similarity",
-    "noise_scale",
-    "grad_sqr",
-    "grad_var",
-    "learning_rate",
-    "progress",
-    "samples_seen",
-    "skipped_steps",
-    "applied",
-    "step",
-    "consecutive_skips",
-)
-# Whether the step's update (from finite gradients) was not finite: restored from the
-# copy with rollback="copy"; the end of the run with "stop".
-_UPDATE_LOST = "_update_not_finite"
-_LOG_NAMES = (*STEP_LOGS, PROGRESS_INCREMENT, _UPDATE_LOST)
 _F64 = tf.float64
-
-
-class NonFiniteGradientsError(RuntimeError):
-    """Too many optimizer steps in a row had non-finite gradients.
-
-    >>> issubclass(NonFiniteGradientsError, RuntimeError)
-    True
-    """
-
-
-class NonFiniteUpdateError(NonFiniteGradientsError):
-    """With `rollback="stop"`: an update from finite gradients left a weight or an
-    optimizer variable non-finite, and there is no copy to undo it with.
-
-    >>> issubclass(NonFiniteUpdateError, NonFiniteGradientsError)
-    True
-    """
-
-
-def _bytes(strategy: tf.distribute.Strategy, variables: list[Any]) -> int:
-    """Bytes of `variables`, every device's component counted once."""
-    seen: dict[int, int] = {}
-    for variable in variables:
-        for part in strategy.experimental_local_results(seams.tf_variable(variable)):
-            seen[id(part)] = part.shape.num_elements() * part.dtype.size
-    return sum(seen.values())
-
-
-def _local(strategy: tf.distribute.Strategy, value: Any) -> Any:
-    """First local replica's value: identical on all replicas by construction."""
-    return strategy.experimental_local_results(value)[0]
 
 
 class AdaptiveEngine:
@@ -158,18 +113,12 @@ class AdaptiveEngine:
         the statistics see unscaled gradients, and the steps it skips on overflow are
         skipped steps here (they change no statistic, average or batch size).
       strategy: defaults to the current `tf.distribute` strategy.
-      **options: the engine's options, `EngineOptions` (`micro_batch_size` required;
-        `base_batch_size`, `policy`, `similarity`, `ema_decay`, `min_variance`,
-        `jit_compile`, `max_consecutive_skips`).
+      **options: the engine's options, `EngineOptions` (`micro_batch_size` required).
 
-    Skipped steps: a step is skipped when its gradients or loss are not finite, or
-    when its update leaves any weight, optimizer slot or model variable non-finite.
-    A skipped step changes no weight, slot, model variable (BatchNormalization's
-    moving statistics, seed generators), statistic, average, progress or batch size:
-    what it wrote is restored from copies taken at the start of every step (one copy
-    of the model's non-trainable variables per device, one of the weights and the
-    optimizer's variables), and the statistics are written only once the step is
-    known to be applied. Only the skip counters and `samples_seen` move.
+    Skipped steps: a step whose gradients, loss or update are not finite changes no
+    weight, slot, model variable, statistic, average, progress or batch size (only the
+    skip counters and `samples_seen` move): docs/reliability.md, and `rollback` in
+    `EngineOptions` for the memory-light mode.
 
     Groups: micro-gradient i of replica r belongs to group A if (i*N + r) is even. With
     an even number of replicas N this is "even replicas vs odd replicas" (SimiGrad's
@@ -211,7 +160,7 @@ class AdaptiveEngine:
         with self.strategy.scope():
             self.policy.build(unit)
         self._min_k = min_accumulation_steps(similarity, self.num_replicas)
-        k0 = self._batch_to_k_checked("policy.initial_batch_size", self.policy.initial_batch_size)
+        k0 = self._batch_to_k("policy.initial_batch_size", self.policy.initial_batch_size)
         base_batch_size = opts["base_batch_size"]
         self.base_batch_size = int(
             self.policy.initial_batch_size if base_batch_size is None else base_batch_size
@@ -236,18 +185,8 @@ class AdaptiveEngine:
                 num_replicas=self.num_replicas,
                 micro_batch_size=micro_batch_size,
                 state=self.state,
+                strategy=self.strategy,
             )
-        # With N >= 2 replicas the reading's gradient-sized terms are computed once, on
-        # the first replica's all-reduced tensors, not by every replica (on a TPU the
-        # cross-replica code runs on the host: there each replica keeps computing them).
-        tpu = tuple(
-            module.TPUStrategy
-            for module in (tf.distribute, tf.distribute.experimental)
-            if hasattr(module, "TPUStrategy")
-        )
-        self.measurement.norms_after_reduce = self.num_replicas >= 2 and not isinstance(
-            self.strategy, tpu
-        )
         self._bypass = seams.AllReduceBypass(optimizer)
         # An `AdaptiveLearningRate` on the optimizer reads gain, tau and batch from the
         # state; `lr_scale` is Keras's learning-rate callbacks' multiplier.
@@ -259,17 +198,11 @@ class AdaptiveEngine:
             base_batch_size=self.base_batch_size,
         )
         self.trace_count = 0
-        # A skipped step changes nothing: the forward passes may have written the
-        # model's non-trainable variables (BatchNormalization statistics, seed
-        # generators) and the apply may have produced non-finite weights or slots
-        # (e.g. an infinite learning rate). Both are restored from copies taken at the
-        # start of the step. The model's copies are restored on every skip; the
-        # optimizer's only when the *update* was not finite (on a non-finite gradient, a
-        # loss-scale optimizer lowers its scale, which must stick). The adaptive state
-        # needs no copy: a step writes its statistics after the check
-        # (`StepBookkeeping.commit`), all but the gain, which it rewrites then.
         self.min_variance, self.ema_decay = opts["min_variance"], opts["ema_decay"]
         self.rollback_mode = opts["rollback"]
+        # What a skipped step wrote is restored (`StepRollback.for_step` says what);
+        # the state needs no copy: a step writes its statistics once it is known to be
+        # applied (`StepBookkeeping.commit`), all but the gain, which it rewrites then.
         self._rollback = StepRollback.for_step(
             self.strategy,
             model,
@@ -378,20 +311,14 @@ class AdaptiveEngine:
         (16, 0)
         """
         optimizer = [v for opt in seams.optimizer_chain(self.optimizer) for v in opt.variables]
-        measurement = [
-            v
-            for value in vars(self.measurement).values()
-            for v in (value if isinstance(value, list) else [value])
-            if isinstance(v, tf.Variable)
-        ]
         parts = {
             "model": self.model.variables,
             "optimizer": optimizer,
             "rollback": self._rollback.backups(),
-            "measurement": measurement,
+            "measurement": self.measurement.variables(),
             "state": [*self.state.variables, *self.policy.variables],
         }
-        return {name: _bytes(self.strategy, variables) for name, variables in parts.items()}
+        return {name: variable_bytes(self.strategy, part) for name, part in parts.items()}
 
     def smoothed_moments(self) -> S.NoiseMoments:
         """The debiased moving averages of |G|^2 and tr(Sigma) (NaN before any step)."""
@@ -422,7 +349,10 @@ class AdaptiveEngine:
         Raises:
           ValueError: if it is not a multiple of replicas x micro-batch, or too small.
         """
-        self.state.accumulation_steps.assign(self._batch_to_k_checked("batch_size", batch_size))
+        self.state.accumulation_steps.assign(self._batch_to_k("batch_size", batch_size))
+
+    def _batch_to_k(self, name: str, batch_size: int) -> int:
+        return batch_to_k(name, batch_size, self.num_replicas, self.micro_batch_size, self._min_k)
 
     def _before_first_step(self) -> None:
         resume.warn_if_state_is_new(self.optimizer, self.state, self.batch_size)
@@ -516,47 +446,16 @@ class AdaptiveEngine:
                 tf.constant(math.inf if until is None else until, _F64),
                 tf.constant(-1 if limit is None else limit, tf.int64),
             )
-        values = out.numpy().reshape(-1, len(_LOG_NAMES))  # the host read: one transfer
-        seconds = time.perf_counter() - start
-        logs = dict(zip(_LOG_NAMES, values.T, strict=True))
-        increment = logs.pop(PROGRESS_INCREMENT)
-        lost = logs.pop(_UPDATE_LOST)
-        if lost.any() and not self._rollback.copies_mirrored:
-            raise NonFiniteUpdateError(
-                f"Optimizer step {int(logs['step'][lost > 0][0])} had finite gradients but its "
-                "update left a weight or an optimizer variable non-finite (NaN or inf), and "
-                'with rollback="stop" there is no copy to undo it: the model is broken. '
-                "Resume from the last checkpoint (lower the learning rate), or use "
-                'rollback="copy" to skip such steps.'
-            )
-        logs.update(self._timing(logs, seconds, increment, traced=self.trace_count != traces))
-        limit = self.max_consecutive_skips
-        if limit is not None and logs["consecutive_skips"][-1] >= limit:
-            raise NonFiniteGradientsError(
-                f"{limit} optimizer steps in a row had non-finite gradients or updates (NaN or "
-                "inf) and were skipped; stopping. Weights, optimizer and adaptive state are those of "
-                f"the last good step ({int(self.state.steps.numpy())} applied). Check the "
-                "data, the learning rate and the loss; raise `max_consecutive_skips` to "
-                "tolerate more."
-            )
-        return logs
-
-    def _timing(
-        self, logs: dict[str, np.ndarray], seconds: float, progress: np.ndarray, *, traced: bool
-    ) -> dict[str, np.ndarray]:
-        """The steps' charged times (`clock.charge`); a `GoodputPolicy`'s throughput
-        model observes (k, charged seconds) of every applied step that has a time."""
-        ks, batches = logs["accumulation_steps"], logs["batch_size"]
-        charged = charge(self.clock, seconds, batches, ks, traced=traced)
-        if isinstance(self.policy, GoodputPolicy) and not np.isnan(charged).all():
-            for k, step_seconds, applied in zip(ks, charged, logs["applied"], strict=True):
-                if applied:
-                    self.policy.throughput.observe(int(k), float(step_seconds))
-        return {
-            "step_time": charged,
-            "examples_per_second": batches / charged,
-            "progress_per_second": progress / charged,
-        }
+        values = out.numpy()  # the host read: every log of every step, one transfer
+        return read_call(
+            values,
+            time.perf_counter() - start,
+            traced=self.trace_count != traces,
+            clock=self.clock,
+            policy=self.policy,
+            update_undone=self._rollback.copies_mirrored,
+            max_consecutive_skips=self.max_consecutive_skips,
+        )
 
     # ------------------------------------------------------------- replica context
 
@@ -568,31 +467,9 @@ class AdaptiveEngine:
     def _last_micro_step(
         self, data: Any, micro_index: tf.Tensor
     ) -> tuple[Reading, list[tf.Tensor], tuple[list[tf.Tensor], ...]]:
-        """The step's last micro-step and the reduce, fused (one replica function).
-
-        The last micro-step's gradients and scalars go to the all-reduce added to the
-        accumulators' sums of the earlier micro-steps (none when it is the first),
-        without being written to the accumulators and read back.
-        """
+        """The step's last micro-step and the reduce, fused (one replica function)."""
         grads, data_loss = self._gradients_fn(data)
-        with tf.name_scope(SCOPES["accumulate"]):
-            scalars = micro_scalars(grads, data_loss)
-            acc, acc_scalars = self.measurement.acc, self.measurement.scalars
-
-            earlier = micro_index > 0
-
-            def with_earlier() -> tuple[list[tf.Tensor], tf.Tensor]:
-                local = [g + a.read_value() for g, a in zip(grads, acc, strict=True)]
-                return local, scalars + acc_scalars.read_value()
-
-            local, local_scalars = tf.cond(earlier, with_earlier, lambda: (list(grads), scalars))
-            local_sq = None  # |h_r|^2, for a measurement with replica norms
-            if self.measurement.uses_replica_norms:
-                # Alone, the last micro-step's |g|^2 (in `scalars`) is |h_r|^2. A branch
-                # of its own: inside the one above, the sum of squares made every step
-                # 0.4 ms slower with k = 1 (2 replicas, measured), though never run.
-                local_sq = tf.cond(earlier, lambda: S.sum_of_squares(local), lambda: scalars[0])
-        return self.measurement.reduce(local, local_scalars, local_sq)
+        return self.measurement.reduce_with_last(grads, data_loss, micro_index)
 
     def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
@@ -634,9 +511,11 @@ class AdaptiveEngine:
             with tf.name_scope(SCOPES["statistics"]):
                 per_replica, gbar, pending = strategy.run(self._reduce_fn)
         with tf.name_scope(SCOPES["statistics"]):
-            reading = tf.nest.map_structure(lambda v: _local(strategy, v), per_replica)
+            # The first local replica's values: identical on all by construction.
+            first = lambda v: strategy.experimental_local_results(v)[0]  # noqa: E731
+            reading = tf.nest.map_structure(first, per_replica)
             if self.measurement.norms_after_reduce:
-                local = tf.nest.map_structure(lambda v: _local(strategy, v), pending)
+                local = tf.nest.map_structure(first, pending)
                 reading = self.measurement.complete(reading, local)
             stats = self._books.update(reading)
             finite, batch = stats.finite, stats.batch
@@ -674,10 +553,10 @@ class AdaptiveEngine:
             "grad_var": noise.trace_sigma / float(self.base_batch_size),
             "learning_rate": learning_rate,
             **counters,
-            _UPDATE_LOST: lost,
+            UPDATE_LOST: lost,
         }
-        # One vector (`_LOG_NAMES`): the host reads a step's logs in one transfer.
-        return tf.stack([tf.cast(logs[name], _F64) for name in _LOG_NAMES])
+        # One vector (`LOG_NAMES`): the host reads a step's logs in one transfer.
+        return tf.stack([tf.cast(logs[name], _F64) for name in LOG_NAMES])
 
     def _train_block(
         self, iterator: Iterator[Any], steps: tf.Tensor, until: tf.Tensor, limit: tf.Tensor
@@ -687,9 +566,7 @@ class AdaptiveEngine:
         Stops after the step that brings progress to `until` or the consecutive skips
         to `limit` (-1: no limit). Returns the steps' logs, `[steps taken, logs]`.
         """
-        state = self.state
-
-        lost_at = _LOG_NAMES.index(_UPDATE_LOST)
+        state, lost_at = self.state, LOG_NAMES.index(UPDATE_LOST)
         stop_on_lost = not self._rollback.copies_mirrored
 
         def go_on(i: tf.Tensor, logs: tf.TensorArray, lost: tf.Tensor) -> tf.Tensor:
@@ -704,7 +581,7 @@ class AdaptiveEngine:
             out = self._train_step(iterator)
             return i + 1, logs.write(i, out), out[lost_at] > 0
 
-        logs = tf.TensorArray(_F64, size=0, dynamic_size=True, element_shape=[len(_LOG_NAMES)])
+        logs = tf.TensorArray(_F64, size=0, dynamic_size=True, element_shape=[len(LOG_NAMES)])
         _, logs, _ = tf.while_loop(go_on, step, (tf.constant(0), logs, tf.constant(False)))
         return logs.stack()
 
@@ -721,19 +598,3 @@ class AdaptiveEngine:
                 tf.cond(finite, lambda: strategy.run(self._apply_fn, args=(gbar,)), lambda: None)
         finally:
             self._bypass.active = False
-
-    # ---------------------------------------------------------------- validation
-
-    def _batch_to_k_checked(self, name: str, batch_size: int) -> int:
-        unit = self.num_replicas * self.micro_batch_size
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, numbers.Integral)  # int, np.int64, ...
-            or batch_size % unit
-            or batch_size < unit * self._min_k
-        ):
-            rule = f"a multiple of replicas x micro_batch_size = {self.num_replicas} x {self.micro_batch_size} = {unit}"
-            if self._min_k > 1:
-                rule += f", at least {unit * self._min_k} (one replica in exact-similarity mode needs >= 2 micro-steps to form two groups; or use similarity='estimated')"
-            raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={batch_size!r}")
-        return int(batch_size) // unit

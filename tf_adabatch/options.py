@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 # typing_extensions comes with TensorFlow; `Required` for Python 3.10.
@@ -16,6 +17,7 @@ __all__ = [
     "ROLLBACK_MODES",
     "SIMILARITY_MODES",
     "EngineOptions",
+    "batch_to_k",
     "check_engine_objects",
     "check_objects",
     "resolve_options",
@@ -230,6 +232,33 @@ def check_engine_objects(model: Any, optimizer: Any, strategy: Any) -> Any:
             f"(built={model.built}, {len(model.trainable_variables)} trainable variables)"
         )
     return strategy
+
+
+def batch_to_k(name: str, batch_size: Any, replicas: int, micro_batch_size: int, min_k: int) -> int:
+    """k for a global batch size: it must be a multiple of replicas x micro-batch, with at
+    least `min_k` micro-steps (ValueError naming argument `name`).
+
+    >>> batch_to_k("batch_size", 96, 2, 16, 1)
+    3
+    >>> batch_to_k("batch_size", 40, 2, 16, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Argument `batch_size` must be a multiple of replicas x micro_batch_size = 2 x 16 = 32. Received: batch_size=40
+    """
+    unit = replicas * micro_batch_size
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)  # int, np.int64, ...
+        or batch_size % unit
+        or batch_size < unit * min_k
+    ):
+        rule = (
+            f"a multiple of replicas x micro_batch_size = {replicas} x {micro_batch_size} = {unit}"
+        )
+        if min_k > 1:
+            rule += f", at least {unit * min_k} (one replica in exact-similarity mode needs >= 2 micro-steps to form two groups; or use similarity='estimated')"
+        raise ValueError(f"Argument `{name}` must be {rule}. Received: {name}={batch_size!r}")
+    return int(batch_size) // unit
 
 
 def resolve_similarity(similarity: str, num_replicas: int) -> str:

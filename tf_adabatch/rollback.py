@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch import stats as S
 
-__all__ = ["StepRollback"]
+__all__ = ["StepRollback", "variable_bytes"]
 
 
 class StepRollback:
@@ -82,7 +82,14 @@ class StepRollback:
     ) -> StepRollback:
         """What one optimizer step may write: the model's non-trainable variables and
         the measurement's `carried` buffers (local), its weights and every optimizer
-        variable (mirrored: checked for finiteness, and copied if `copy_mirrored`)."""
+        variable (mirrored: checked for finiteness, and copied if `copy_mirrored`).
+
+        The forward passes may write the model's non-trainable variables
+        (BatchNormalization statistics, seed generators), and the apply may leave
+        weights or slots non-finite (e.g. an infinite learning rate). The engine
+        restores the local copies on every skip, the mirrored ones only when the
+        *update* was not finite (on a non-finite gradient a loss-scale optimizer lowers
+        its scale, which must stick)."""
         trainable = {id(seams.tf_variable(v)) for v in model.trainable_variables}
         chain = seams.optimizer_chain(optimizer)
         return cls(
@@ -179,6 +186,19 @@ class StepRollback:
             with tf.device(device):
                 checks.append(tf.math.is_finite(tf.add_n(sums)))
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def variable_bytes(strategy: tf.distribute.Strategy, variables: list[Any]) -> int:
+    """Bytes of `variables` on all devices together, each device's component once.
+
+    >>> variable_bytes(tf.distribute.get_strategy(), [tf.Variable(tf.zeros([3, 2]))])
+    24
+    """
+    seen: dict[int, int] = {}
+    for variable in variables:
+        for part in strategy.experimental_local_results(seams.tf_variable(variable)):
+            seen[id(part)] = part.shape.num_elements() * part.dtype.size
+    return sum(seen.values())
 
 
 def _first(strategy: tf.distribute.Strategy, variable: Any) -> Any:
