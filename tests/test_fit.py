@@ -8,6 +8,7 @@ import pytest
 from test_summaries import read_scalars
 
 import tf_adabatch
+from tf_adabatch import summaries
 
 from conftest import get_strategy
 from helpers import global_micro_batches, mlp, regression_data, weights
@@ -122,15 +123,64 @@ def test_fit_progress_bar_shows_the_adaptation(capsys) -> None:
         assert name in out
 
 
-def test_steps_per_execution_is_refused_clearly() -> None:
-    strategy, model, optimizer = make(2)
+def _fit_blocks(per_call: int, replicas: int, *, fixed_epochs: bool, callbacks=()):
+    """attach + fit with `steps_per_execution=per_call`: 2 epochs over 200 examples (or
+    3 epochs of 5 steps over a repeated dataset); returns history, engine, weights and
+    the AdaBatchTensorBoard's per-step tags."""
+    x, y = regression_data(200)
+    strategy, model, optimizer = make(replicas)
     with strategy.scope():
-        model.compile(optimizer=optimizer, loss="mse", steps_per_execution=4)
-    with pytest.raises(
-        ValueError,
-        match=r"`steps_per_execution` must be 1 with tf_adabatch.*Received: steps_per_execution=4",
-    ):
-        tf_adabatch.attach(model, micro_batch_size=M)
+        model.compile(optimizer=optimizer, loss="mse", steps_per_execution=per_call)
+    engine = tf_adabatch.attach(
+        model, micro_batch_size=M, base_batch_size=replicas * M, policy=simigrad(replicas)
+    )
+    if fixed_epochs:
+        data = global_micro_batches(x, y, replicas * M).repeat()
+        history = model.fit(data, epochs=3, steps_per_epoch=5, verbose=0, callbacks=[*callbacks])
+    else:
+        history = model.fit(
+            x,
+            y,
+            batch_size=replicas * M,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[*callbacks],
+        )
+    return history.history, engine, weights(model)
+
+
+@pytest.mark.parametrize("fixed_epochs", [False, True])
+def test_fit_with_steps_per_execution_takes_the_steps_of_one_per_call(fixed_epochs: bool) -> None:
+    """Blocks of 4 steps on the device: the same optimizer steps, batch choices and
+    weights, bit for bit, as one step per call (the same step graph, run in a loop);
+    an epoch's last block is cut where its micro-batches run out."""
+    runs = {n: _fit_blocks(n, 2, fixed_epochs=fixed_epochs) for n in (1, 4)}
+    (h1, e1, w1), (h4, e4, w4) = runs[1], runs[4]
+    # The blocks really ran on the device loop (one step per call never traces it).
+    assert e4._block_fn.experimental_get_tracing_count() >= 1
+    assert e1._block_fn.experimental_get_tracing_count() == 0
+    assert int(e4.state.steps.numpy()) == int(e1.state.steps.numpy())
+    assert int(e4.state.samples_seen.numpy()) == int(e1.state.samples_seen.numpy())
+    if fixed_epochs:
+        assert int(e1.state.steps.numpy()) == 15  # 3 epochs x 5 (blocks of 4 and 1)
+    assert h4 == h1
+    assert len(set(h1["batch_size"])) > 1 or not fixed_epochs
+    assert all(np.array_equal(a, b) for a, b in zip(w1, w4, strict=True))
+
+
+def test_fit_blocks_stop_at_a_progress_budget_and_write_every_step(tmp_path) -> None:
+    ends = {}
+    for n in (1, 8):
+        budget = tf_adabatch.ProgressBudget(12.0)
+        board = tf_adabatch.AdaBatchTensorBoard(str(tmp_path / f"logs{n}"))
+        _, engine, _ = _fit_blocks(n, 2, fixed_epochs=True, callbacks=(budget, board))
+        ends[n] = float(engine.state.progress.numpy()), int(engine.state.steps.numpy())
+        series, _ = read_scalars(str(tmp_path / f"logs{n}" / summaries.TRAIN_RUN))
+        steps = [step for step, _ in series["adabatch/batch_size"]]
+        assert steps == list(range(1, ends[n][1] + 1))  # every step, blocks or not
+    assert ends[8] == ends[1]
+    assert ends[8][0] >= 12.0
 
 
 def test_uncompiled_model_is_refused() -> None:

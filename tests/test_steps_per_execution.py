@@ -144,6 +144,7 @@ def test_the_traced_step_and_block_hold_no_host_op(similarity: str) -> None:
         tf.constant(8, tf.int32),
         tf.constant(1.0, tf.float64),
         tf.constant(-1, tf.int64),
+        tf.constant(-1, tf.int64),
     )
     step = engine._step_fn.get_concrete_function(iterator)
     for concrete in (block, step):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_adabatch import summaries
 from tf_adabatch._checks import real
-from tf_adabatch.keras_fit import attached_engine, last_step_logs
+from tf_adabatch.keras_fit import ProgressBudgetLike, attached_engine, block_logs
 
 __all__ = ["AdaBatchTensorBoard", "ProgressBudget"]
 
@@ -74,12 +74,14 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
             summaries.write_layout(self._writer, policy=self._policy)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        step_logs = last_step_logs(self.model)
-        if not step_logs or self._writer is None:
+        # Every step of the call that just ended (several with `steps_per_execution`).
+        block = block_logs(self.model)
+        if not block or self._writer is None:
             return
-        values = {name: float(keras.ops.convert_to_numpy(v)) for name, v in step_logs.items()}
-        self._step = int(values["step"])
-        summaries.write_step(self._writer, self._step, values, policy=self._policy)
+        for row in zip(*block.values(), strict=True):
+            values = {name: float(v) for name, v in zip(block, row, strict=True)}
+            self._step = int(values["step"])
+            summaries.write_step(self._writer, self._step, values, policy=self._policy)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._eval_writer is None:
@@ -99,7 +101,7 @@ class AdaBatchTensorBoard(keras.callbacks.Callback):
                 writer.flush()
 
 
-class ProgressBudget(keras.callbacks.Callback):
+class ProgressBudget(keras.callbacks.Callback, ProgressBudgetLike):
     """Stops `model.fit` once the scale-invariant progress tau reaches a budget.
 
     tau counts base-batch steps (AdaScale: tau += gain per optimizer step; the other

@@ -170,7 +170,7 @@ class AdaptiveEngine:
         # scaled loss and unscales its gradients at once, so the accumulators and every
         # statistic see true gradients; the optimizer gets the scaled mean gradient and
         # does its own bookkeeping (skips and halves its scale on overflow, grows it).
-        self._grads = MicroGradients(model, per_example_loss_fn(loss), optimizer)
+        self._grads = MicroGradients(model, per_example_loss_fn(loss), optimizer, micro_batch_size)
         self._loss_scaled = self._grads.loss_scaled
         self._variables = self._grads.variables
         with self.strategy.scope():
@@ -232,7 +232,7 @@ class AdaptiveEngine:
         # The last micro-step is fused with the reduce (which XLA compiles only on a
         # single replica: it holds the all-reduces); its forward and backward pass is
         # compiled on its own.
-        self._gradients_fn = wrap(self._micro_gradients)
+        self._gradients_fn = wrap(self._grads.of_micro_batch)
         self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
         self._step_fn = tf.function(self._train_step)
@@ -258,16 +258,12 @@ class AdaptiveEngine:
     @property
     def batch_size(self) -> int:
         """The current global batch size B = k x replicas x micro-batch."""
-        return self.accumulation_steps * self.num_replicas * self.micro_batch_size
+        return self.accumulation_steps * self.batch_unit
 
     @property
     def carried_buffers(self) -> list[tf.Variable]:
-        """Per-step buffers the next step reads, to checkpoint with the state.
-
-        The previous step's gradient of the differenced estimator (one replica,
-        estimated similarity); empty in every other mode (the accumulators are
-        overwritten by each step's first micro-step and never need saving).
-        """
+        """Per-step buffers the next step reads, to checkpoint with the state: the
+        differenced estimator's previous gradient (one replica, estimated similarity)."""
         return self.measurement.carried_buffers
 
     def adaptive_state(self) -> dict[str, Any]:
@@ -335,12 +331,9 @@ class AdaptiveEngine:
         Returns:
           None if the topology is unchanged, else one line saying what happened.
         """
+        carried = bool(self.carried_buffers)
         return resume.carry_batch_over(
-            self.state,
-            self.policy,
-            self.batch_unit,
-            self._min_k,
-            carried=bool(self.carried_buffers),
+            self.state, self.policy, self.batch_unit, self._min_k, carried=carried
         )
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -371,13 +364,10 @@ class AdaptiveEngine:
             of `micro_batch_size` examples, `(x, y)` or `(x, y, sample_weight)`.
 
         Returns:
-          A dict of NumPy float64 scalars, read from the device in one transfer:
-          `STEP_LOGS` (loss, batch_size, accumulation_steps, gain, similarity,
-          noise_scale, grad_sqr, grad_var, learning_rate, progress, samples_seen,
-          skipped_steps, applied (1.0 or 0.0), step (optimizer steps taken, skipped
-          ones included), consecutive_skips); and, charged by the clock (NaN for a
-          host-timed step that traced): step_time (seconds), examples_per_second,
-          progress_per_second (base-batch steps per second).
+          NumPy float64 scalars, read from the device in one transfer: `STEP_LOGS`
+          (`step` counts skipped steps too; `applied` is 1.0 or 0.0) and, charged by
+          the clock (NaN for a host-timed step that traced), step_time (seconds),
+          examples_per_second, progress_per_second (base-batch steps per second).
 
         Raises:
           NonFiniteGradientsError: after `max_consecutive_skips` skipped steps in a row.
@@ -385,7 +375,12 @@ class AdaptiveEngine:
         return {name: column[0] for name, column in self._run(iterator, None).items()}
 
     def train_steps(
-        self, iterator: Iterator[Any], steps: int, *, until_progress: float | None = None
+        self,
+        iterator: Iterator[Any],
+        steps: int,
+        *,
+        until_progress: float | None = None,
+        micro_batches: int | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs up to `steps` optimizer steps in one call on the device (`steps_per_execution`).
 
@@ -396,23 +391,24 @@ class AdaptiveEngine:
         crosses it, as one step per call would), or that makes `max_consecutive_skips`
         skips in a row. The host reads the block's logs once, at its end.
 
-        Time: a host clock (`WallClock`) charges every step of a block the block's time
-        divided by its steps (per-step times within a block are not measured); a
-        `VirtualClock` charges each step its own global batch's price. A
+        Time: a `WallClock` charges each step of a block the block's time / its steps
+        (not measured apart); a `VirtualClock`, its own batch's price. A
         `GoodputPolicy` observes every applied step with that time.
 
         Args:
           iterator: as for `train_step`.
           steps: the most optimizer steps to run (an integer >= 1).
           until_progress: stop after the step whose progress tau reaches this.
+          micro_batches: the most micro-batches (per replica) the block may take: a
+            step is not begun that would need more (`attach` uses it for an epoch's
+            end).
 
         Returns:
           The logs of `train_step`, one NumPy float64 array each, one entry per step
           taken (at least one).
 
         Raises:
-          NonFiniteGradientsError: when the block ends on `max_consecutive_skips`
-            skipped steps in a row.
+          NonFiniteGradientsError: a block ended on `max_consecutive_skips` skips.
 
         Example (k = 2; the block stops where tau reaches 3):
 
@@ -427,9 +423,11 @@ class AdaptiveEngine:
         steps = integer("steps", steps)
         if until_progress is not None:
             until_progress = real("until_progress", until_progress, "a number", lambda v: True)
-        return self._run(iterator, (steps, until_progress))
+        if micro_batches is not None:
+            micro_batches = integer("micro_batches", micro_batches)
+        return self._run(iterator, (steps, until_progress, micro_batches))
 
-    def _run(self, iterator: Iterator[Any], block: tuple[int, float | None] | None) -> dict:
+    def _run(self, iterator: Iterator[Any], block: tuple[int, Any, Any] | None) -> dict:
         """One call of the step (`block` None) or of the block function; the one host read."""
         if self.trace_count == 0:
             self._before_first_step()
@@ -438,13 +436,14 @@ class AdaptiveEngine:
         if block is None:
             out = self._step_fn(iterator)
         else:
-            steps, until = block
+            steps, until, micro = block
             limit = self.max_consecutive_skips
             out = self._block_fn(
                 iterator,
                 tf.constant(steps, tf.int32),
                 tf.constant(math.inf if until is None else until, _F64),
                 tf.constant(-1 if limit is None else limit, tf.int64),
+                tf.constant(-1 if micro is None else micro, tf.int64),
             )
         values = out.numpy()  # the host read: every log of every step, one transfer
         return read_call(
@@ -460,7 +459,7 @@ class AdaptiveEngine:
     # ------------------------------------------------------------- replica context
 
     def _micro_step(self, data: Any, micro_index: tf.Tensor) -> None:
-        grads, data_loss = self._micro_gradients(data)
+        grads, data_loss = self._grads.of_micro_batch(data)
         with tf.name_scope(SCOPES["accumulate"]):
             self.measurement.accumulate(grads, data_loss, micro_index)
 
@@ -470,18 +469,6 @@ class AdaptiveEngine:
         """The step's last micro-step and the reduce, fused (one replica function)."""
         grads, data_loss = self._gradients_fn(data)
         return self.measurement.reduce_with_last(grads, data_loss, micro_index)
-
-    def _micro_gradients(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """One micro-batch's gradients (unscaled) and mean data loss (replica context)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.name_scope(SCOPES["micro"]):
-            tf.debugging.assert_equal(
-                tf.shape(tf.nest.flatten(x)[0])[0],
-                self.micro_batch_size,
-                message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
-                "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
-            )
-            return self._grads(x, y, sample_weight)
 
     def _apply_step(self, grads: list[tf.Tensor], finite: tf.Tensor | None = None) -> None:
         grads = self._grads.for_update(grads, finite)
@@ -559,31 +546,38 @@ class AdaptiveEngine:
         return tf.stack([tf.cast(logs[name], _F64) for name in LOG_NAMES])
 
     def _train_block(
-        self, iterator: Iterator[Any], steps: tf.Tensor, until: tf.Tensor, limit: tf.Tensor
+        self,
+        iterator: Iterator[Any],
+        steps: tf.Tensor,
+        until: tf.Tensor,
+        limit: tf.Tensor,
+        micro: tf.Tensor,
     ) -> tf.Tensor:
         """Up to `steps` optimizer steps in one graph: a `tf.while_loop` around the step.
 
         Stops after the step that brings progress to `until` or the consecutive skips
-        to `limit` (-1: no limit). Returns the steps' logs, `[steps taken, logs]`.
+        to `limit`, or before one that would take more than `micro` micro-batches in
+        all (-1: no limit). Returns the steps' logs, `[steps taken, logs]`.
         """
         state, lost_at = self.state, LOG_NAMES.index(UPDATE_LOST)
         stop_on_lost = not self._rollback.copies_mirrored
 
-        def go_on(i: tf.Tensor, logs: tf.TensorArray, lost: tf.Tensor) -> tf.Tensor:
+        def go_on(i: tf.Tensor, logs: tf.TensorArray, used: tf.Tensor, lost: tf.Tensor) -> Any:
+            k = state.accumulation_steps.read_value()
             more = (i < steps) & (state.progress.read_value() < until)
+            more = more & ((micro < 0) | (used + k <= micro))
             if stop_on_lost:
                 more = more & ~lost
             return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))
 
-        def step(
-            i: tf.Tensor, logs: tf.TensorArray, lost: tf.Tensor
-        ) -> tuple[tf.Tensor, tf.TensorArray, tf.Tensor]:
+        def step(i: tf.Tensor, logs: tf.TensorArray, used: tf.Tensor, lost: tf.Tensor) -> Any:
+            used = used + state.accumulation_steps.read_value()
             out = self._train_step(iterator)
-            return i + 1, logs.write(i, out), out[lost_at] > 0
+            return i + 1, logs.write(i, out), used, out[lost_at] > 0
 
         logs = tf.TensorArray(_F64, size=0, dynamic_size=True, element_shape=[len(LOG_NAMES)])
-        _, logs, _ = tf.while_loop(go_on, step, (tf.constant(0), logs, tf.constant(False)))
-        return logs.stack()
+        start = (tf.constant(0), logs, tf.constant(0, tf.int64), tf.constant(False))
+        return tf.while_loop(go_on, step, start)[1].stack()
 
     def _apply_or_skip(self, gbar: list[tf.Tensor], finite: tf.Tensor) -> None:
         """Applies the mean gradient on every replica if `finite` (cross-replica context)."""

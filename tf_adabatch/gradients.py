@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_adabatch import _keras_seams as seams
 from tf_adabatch.losses import weighted_losses
+from tf_adabatch.measure import SCOPES
 
 __all__ = ["MicroGradients"]
 
@@ -22,6 +23,7 @@ class MicroGradients:
       loss_fn: per-example losses `(y_true, y_pred) -> losses` (`per_example_loss_fn`).
       optimizer: the engine's optimizer; a `keras.optimizers.LossScaleOptimizer` makes
         the pass scale the loss and unscale the gradients at once (`loss_scaled`).
+      micro_batch_size: examples per micro-batch, checked by `of_micro_batch`.
 
     `hook`, if set, is called after each forward pass with (x, y, y_pred,
     sample_weight): `attach` updates Keras's compiled metrics there.
@@ -35,8 +37,15 @@ class MicroGradients:
     (4.0, [[4.0]])
     """
 
-    def __init__(self, model: keras.Model, loss_fn: Callable[..., Any], optimizer: Any) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        loss_fn: Callable[..., Any],
+        optimizer: Any,
+        micro_batch_size: int | None = None,
+    ) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.micro_batch_size = micro_batch_size
         self.variables = list(model.trainable_variables)
         self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.hook: Callable[[Any, Any, Any, Any], None] | None = None
@@ -63,6 +72,19 @@ class MicroGradients:
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
         return grads, data_loss
+
+    def of_micro_batch(self, data: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """`self(x, y, sample_weight)` of a micro-batch `data` (replica context), which
+        must hold `micro_batch_size` examples."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.name_scope(SCOPES["micro"]):
+            tf.debugging.assert_equal(
+                tf.shape(tf.nest.flatten(x)[0])[0],
+                self.micro_batch_size,
+                message="tf_adabatch: a micro-batch must have `micro_batch_size` examples per "
+                "replica (batch the data with replicas x micro_batch_size, drop_remainder=True)",
+            )
+            return self(x, y, sample_weight)
 
     def extra_losses(self) -> tf.Tensor:
         """Activity / `add_loss` losses of the last forward pass, without weight regularizers.

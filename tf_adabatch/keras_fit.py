@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from typing_extensions import Unpack
 
@@ -22,6 +23,7 @@ from tf_adabatch import _keras_seams as seams
 from tf_adabatch import lr_callbacks
 from tf_adabatch.engine import AdaptiveEngine
 from tf_adabatch.options import EngineOptions, resolve_options
+from tf_adabatch.policies import StaticPolicy
 
 __all__ = ["LOGGED_KEYS", "attach", "load_model", "track_adaptive_state"]
 
@@ -53,6 +55,10 @@ def attach(
       predictions (as plain Keras does per batch), and the adaptive values
       `LOGGED_KEYS` (batch_size, gain, similarity, learning_rate, progress) of the
       last optimizer step. Validation, `evaluate` and `predict` are Keras's own.
+    - `steps_per_execution=N` (in `compile`): N optimizer steps per call of the train
+      function, in a loop on the device (`AdaptiveEngine.train_steps`); callbacks and
+      the bar act at block ends, as Keras does. A block stops early where an epoch's
+      micro-batches run out and after the step that reaches a `ProgressBudget`.
 
     Args:
       model: a compiled, built Keras model with a single loss, not attached yet.
@@ -68,9 +74,8 @@ def attach(
       adapted batch, not the initial one).
 
     Raises:
-      ValueError: if the model is not compiled, has several losses, uses
-        `steps_per_execution > 1` (one call of the train function is one optimizer
-        step of a variable number of micro-batches) or is attached already; later,
+      ValueError: if the model is not compiled, has several losses or is attached
+        already; later,
         if the model is compiled again (the engine keeps the first optimizer and
         loss) or `fit` gets a batch size other than the global micro-batch.
 
@@ -103,12 +108,6 @@ def attach(
         raise ValueError(
             "Argument `model` must be compiled with a single loss; tf_adabatch does not "
             f"support several outputs' losses yet. Received: loss={loss!r}"
-        )
-    if model.steps_per_execution != 1:
-        raise ValueError(
-            "`steps_per_execution` must be 1 with tf_adabatch: one call of the train "
-            "function is one optimizer step of a variable number of micro-batches. "
-            f"Received: steps_per_execution={model.steps_per_execution}"
         )
     strategy = model.distribute_strategy
     engine = AdaptiveEngine(
@@ -216,6 +215,12 @@ def last_step_logs(model: keras.Model) -> dict[str, tf.Tensor]:
     return binding.step_logs if binding is not None else {}
 
 
+def block_logs(model: keras.Model) -> dict[str, np.ndarray]:
+    """Every step's logs of the last call of `fit`'s train function (empty before)."""
+    binding = getattr(model, "_adabatch_fit", None)
+    return binding.block_logs if binding is not None else {}
+
+
 class _FitBinding:
     """What `attach` puts in a model: train function, metric updates, epochs, checks.
 
@@ -227,7 +232,10 @@ class _FitBinding:
     def __init__(self, model: keras.Model, engine: AdaptiveEngine) -> None:
         self.model = model
         self.engine = engine
-        self.step_logs: dict[str, tf.Tensor] = {}
+        self.step_logs: dict[str, Any] = {}  # the last step's
+        self.block_logs: dict[str, np.ndarray] = {}  # every step of the last call's
+        self.plan: tuple[int, int | None] = (1, None)  # steps, micro-batches of a call
+        self.budget: float | None = None  # a ProgressBudget's, during fit
         self._expect_train_iterator = False
         self._metrics_result: Any = None
 
@@ -237,15 +245,24 @@ class _FitBinding:
         self.model.train_function = self.train_function
         return self.train_function
 
-    def train_function(self, iterator: Any) -> dict[str, tf.Tensor]:
-        logs = self.engine.train_step(iterator)
-        self.step_logs = logs
+    def train_function(self, iterator: Any) -> dict[str, Any]:
+        """One call: `plan` steps (`steps_per_execution`; default one), at most
+        `plan_micro` micro-batches, until the `ProgressBudget`'s budget if any."""
+        steps, micro = self.plan
+        if int(self.model.steps_per_execution) == 1:  # the host counted the micro-batches
+            logs = {k: np.array([v]) for k, v in self.engine.train_step(iterator).items()}
+        else:
+            logs = self.engine.train_steps(
+                iterator, steps, until_progress=self.budget, micro_batches=micro
+            )
+        self.block_logs = logs
+        self.step_logs = {name: column[-1] for name, column in logs.items()}
         if self._metrics_result is None:
             # Metric variables are per replica (ON_READ, SUM): read in cross-replica
             # context, they hold the all-replica totals.
             self._metrics_result = tf.function(self.model.get_metrics_result)
         out = dict(self._metrics_result())
-        out.update({name: logs[name] for name in LOGGED_KEYS})
+        out.update({name: self.step_logs[name] for name in LOGGED_KEYS})
         return out
 
     def update_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> None:
@@ -275,6 +292,9 @@ class _FitBinding:
             given = arguments.get("callbacks")
             if isinstance(given, keras.callbacks.CallbackList):
                 given = given.callbacks
+            # A block of steps ends on the step that reaches a ProgressBudget's budget.
+            budgets = [c.base_steps for c in given or [] if isinstance(c, ProgressBudgetLike)]
+            self.budget = min(budgets) if budgets else None
             try:
                 # Keras's ReduceLROnPlateau / LearningRateScheduler set the base rate
                 # of an AdaptiveLearningRate (Keras's own would raise a TypeError).
@@ -282,6 +302,7 @@ class _FitBinding:
                     return fit(*args, **kwargs)
             finally:
                 self._expect_train_iterator = False
+                self.budget, self.plan = None, (1, None)
 
         return wrapped
 
@@ -323,6 +344,35 @@ class _FitBinding:
         with strategy.scope():
             seams.symbolic_build(self.model, data_batch)
 
+    def _largest_k(self) -> int | None:
+        """The largest k the policy may choose next (None: no bound known)."""
+        engine = self.engine
+        if isinstance(engine.policy, StaticPolicy):
+            return engine.accumulation_steps
+        top = getattr(engine.policy, "max_batch_size", None)
+        return max(engine.accumulation_steps, -(-int(top) // engine.batch_unit)) if top else None
+
+    def _blocks_of_fixed_epochs(self, epoch_iterator: Any, per_call: int) -> None:
+        """`steps_per_epoch` optimizer steps an epoch, `per_call` at a time, over one
+        iterator kept across epochs (Keras's own rule for a given `steps_per_epoch`)."""
+        total = epoch_iterator.steps_per_epoch
+        adapter = seams.epoch_data_adapter(epoch_iterator)
+        held: list[Any] = []
+
+        def enumerate_blocks() -> Any:
+            adapter.on_epoch_begin()
+            if not held:
+                held.append(seams.new_epoch_iterator(epoch_iterator))
+            step = 0
+            while step < total:
+                n = min(per_call, total - step)
+                self.plan = (n, None)
+                yield step, step + n - 1, held[0]
+                step += len(self.block_logs["step"])
+            adapter.on_epoch_end()
+
+        seams.replace_epoch_enumeration(epoch_iterator, enumerate_blocks)
+
     def _adapt_epochs(self, epoch_iterator: Any) -> None:
         engine = self.engine
         unit = engine.num_replicas * engine.micro_batch_size
@@ -346,8 +396,11 @@ class _FitBinding:
                 f"`tf_adabatch.attach`: batch it with `.batch({unit}, drop_remainder=True)`. "
                 f"Received: batch dimension {batch}"
             )
+        per_call = int(self.model.steps_per_execution)
         if epoch_iterator.steps_per_epoch:
-            return  # Keras's own loop: `steps_per_epoch` optimizer steps.
+            if per_call > 1:
+                self._blocks_of_fixed_epochs(epoch_iterator, per_call)
+            return  # one step per call: Keras's own loop, `steps_per_epoch` steps.
         usable = adapter.num_batches
         if usable is not None and adapter.has_partial_batch:
             usable -= 1  # a partial last micro-batch would skew the statistics
@@ -357,10 +410,16 @@ class _FitBinding:
             iterator = seams.new_epoch_iterator(epoch_iterator)
             used = step = 0
             while usable is None or used + engine.accumulation_steps <= usable:
-                k = engine.accumulation_steps
-                yield step, step, iterator
-                used += k
-                step += 1
+                # A block that surely fits in what is left (with the policy's largest
+                # k), so that Keras is told its true last step; at least one step.
+                n = per_call
+                k_max = self._largest_k()
+                if usable is not None and k_max is not None:
+                    n = max(1, min(per_call, (usable - used) // k_max))
+                self.plan = (n, None if usable is None else usable - used)
+                yield step, step + n - 1, iterator
+                used += int(self.block_logs["accumulation_steps"].sum())
+                step += len(self.block_logs["step"])
             if step == 0:
                 raise ValueError(
                     f"The `fit` data must hold at least one optimizer step of k = "
@@ -371,6 +430,13 @@ class _FitBinding:
 
         # Optimizer steps per epoch: not known in advance.
         seams.replace_epoch_enumeration(epoch_iterator, enumerate_optimizer_steps)
+
+
+class ProgressBudgetLike:
+    """Marks a callback whose `base_steps` budget a block of steps must stop at
+    (`tf_adabatch.callbacks.ProgressBudget`)."""
+
+    base_steps: float
 
 
 class _AdaptiveStateSaveable(seams.Saveable):
