@@ -159,6 +159,7 @@ def disable_rollback(engine) -> None:
 def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
     """Seconds per step of each variant, one entry per interleaved round."""
     import keras
+    import numpy as np
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
@@ -197,7 +198,8 @@ def measure(replicas: int, model_kind: str) -> dict[str, list[float]]:
         for _ in range(count):
             out = fn(iterator)
         # Wait for the device: read a weight back (the step's last effect) or the loss.
-        (model.trainable_variables[0] if name == "plain" else out["loss"]).numpy()
+        # (the engine's logs are NumPy values, read from the device already)
+        np.asarray(model.trainable_variables[0] if name == "plain" else out["loss"])
         return (time.perf_counter() - start) / count
 
     for name in steps:
