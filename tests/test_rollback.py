@@ -121,24 +121,32 @@ def test_a_nan_micro_batch_leaves_batchnorm_statistics_and_everything_else_bit_i
     assert float(trainer.engine.train_step(iterator)["applied"]) == 1.0  # trains on
 
 
-def test_an_update_that_makes_the_weights_non_finite_is_rolled_back() -> None:
-    """lr = inf: the gradients are finite, the updated weights and slots are not."""
-    strategy = get_strategy(2)
-    step = 2 * M * 2
-    x, y = regression_data(8 * step)
+def lr_trainer(
+    strategy: tf.distribute.Strategy, lr: tf.Variable, step: int, **options: object
+) -> tf_adabatch.Trainer:
+    """A BatchNormalization model's Trainer whose SGD reads its rate from `lr` (a test
+    sets it to inf: finite gradients, a non-finite update)."""
     model = bn_model(strategy)
-    lr = tf.Variable(0.05, dtype=tf.float32, trainable=False)
     with strategy.scope():
         optimizer = keras.optimizers.SGD(lambda: lr, momentum=0.9)
-    trainer = tf_adabatch.Trainer(
+    return tf_adabatch.Trainer(
         model,
         loss="mse",
         optimizer=optimizer,
         micro_batch_size=M,
         policy=tf_adabatch.StaticPolicy(step),
-        max_consecutive_skips=3,
         strategy=strategy,
+        **options,
     )
+
+
+def test_an_update_that_makes_the_weights_non_finite_is_rolled_back() -> None:
+    """lr = inf: the gradients are finite, the updated weights and slots are not."""
+    strategy = get_strategy(2)
+    step = 2 * M * 2
+    x, y = regression_data(8 * step)
+    lr = tf.Variable(0.05, dtype=tf.float32, trainable=False)
+    trainer = lr_trainer(strategy, lr, step, max_consecutive_skips=3)
     engine = trainer.engine
     iterator = iter(trainer.distribute(global_micro_batches(x, y, 2 * M)))
     first = snapshot(trainer)
@@ -283,19 +291,9 @@ def test_rollback_stop_keeps_no_copy_and_stops_on_a_non_finite_update() -> None:
     sizes = {}
     lr = tf.Variable(0.05, dtype=tf.float32, trainable=False)
     for mode in ("copy", "stop"):
-        model = bn_model(strategy)
-        with strategy.scope():
-            optimizer = keras.optimizers.SGD(lambda: lr, momentum=0.9)
-        trainer = tf_adabatch.Trainer(
-            model,
-            loss="mse",
-            optimizer=optimizer,
-            micro_batch_size=M,
-            policy=tf_adabatch.StaticPolicy(step),
-            strategy=strategy,
-            rollback=mode,
-        )
+        trainer = lr_trainer(strategy, lr, step, rollback=mode)
         sizes[mode] = trainer.engine.memory()
+    model = trainer.engine.model
     # The copy holds the weights and the momentum slots on both devices; without it, only
     # BatchNormalization's moving statistics (per device) are copied.
     copy, stop = sizes["copy"], sizes["stop"]
