@@ -246,8 +246,8 @@ class _FitBinding:
         return self.train_function
 
     def train_function(self, iterator: Any) -> dict[str, Any]:
-        """One call: `plan` steps (`steps_per_execution`; default one), at most
-        `plan_micro` micro-batches, until the `ProgressBudget`'s budget if any."""
+        """One call: one step, or (`steps_per_execution` > 1) up to `plan`'s steps and
+        micro-batches, ending on the step that reaches a `ProgressBudget`'s budget."""
         steps, micro = self.plan
         if int(self.model.steps_per_execution) == 1:  # the host counted the micro-batches
             logs = {k: np.array([v]) for k, v in self.engine.train_step(iterator).items()}
