@@ -468,8 +468,8 @@ MUTANTS = [
     Mutant(
         "block_ignores_the_skip_limit",
         "tf_adabatch/engine.py",
-        "return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))",
-        "return more",
+        "more = more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))",
+        "more = more",
         ("tests/test_steps_per_execution.py::test_the_skip_limit_ends_a_block_and_raises",),
         "a block of steps ends at max_consecutive_skips",
     ),

@@ -177,15 +177,30 @@ def test_a_virtual_clock_prices_each_step_of_a_block_by_its_own_batch() -> None:
     assert history["step_time"] == expected
 
 
+def test_a_block_always_takes_its_first_step_as_one_call_would() -> None:
+    """A budget already reached, or a skip limit already hit, still lets the block take
+    one step (never none: a call of `train_step` always takes one), then stops."""
+    trainer, data = _trainer(1)
+    iterator = iter(trainer.distribute(data))
+    logs = trainer.engine.train_steps(iterator, 8, until_progress=0.0)
+    assert logs["step"].tolist() == [1.0]
+    logs = trainer.engine.train_steps(iterator, 8, until_progress=float(logs["progress"][-1]))
+    assert logs["step"].tolist() == [2.0]
+
+
 def test_the_skip_limit_ends_a_block_and_raises() -> None:
     trainer, _ = _trainer(1, max_consecutive_skips=3)
     x = np.full((64, 6), np.nan, np.float32)
     y = np.zeros((64, 3), np.float32)
     bad = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
+    bad_steps = iter(bad)
     with pytest.raises(tf_adabatch.NonFiniteGradientsError, match="3 optimizer steps in a row"):
-        trainer.engine.train_steps(iter(bad), 8)
+        trainer.engine.train_steps(bad_steps, 8)
     assert int(trainer.state.skipped_steps.numpy()) == 3  # stopped there, not at 8
     assert int(trainer.state.steps.numpy()) == 0
+    with pytest.raises(tf_adabatch.NonFiniteGradientsError, match="3 optimizer steps in a row"):
+        trainer.engine.train_steps(bad_steps, 8)  # at the limit already: one step, as N = 1
+    assert int(trainer.state.skipped_steps.numpy()) == 4
 
 
 @pytest.mark.parametrize(

@@ -389,7 +389,8 @@ class AdaptiveEngine:
         calls. The block ends early, after the step that brings progress tau to
         `until_progress` (a progress budget is crossed by exactly the step that
         crosses it, as one step per call would), or that makes `max_consecutive_skips`
-        skips in a row. The host reads the block's logs once, at its end.
+        skips in a row. Its first step always runs, as a call of `train_step` would.
+        The host reads the block's logs once, at its end.
 
         Time: a `WallClock` charges each step of a block the block's time / its steps
         (not measured apart); a `VirtualClock`, its own batch's price. A
@@ -399,9 +400,9 @@ class AdaptiveEngine:
           iterator: as for `train_step`.
           steps: the most optimizer steps to run (an integer >= 1).
           until_progress: stop after the step whose progress tau reaches this.
-          micro_batches: the most micro-batches (per replica) the block may take: a
-            step is not begun that would need more (`attach` uses it for an epoch's
-            end).
+          micro_batches: the most micro-steps the block may take (after its first
+            step): a step is not begun that would need more (`attach` uses it for an
+            epoch's end).
 
         Returns:
           The logs of `train_step`, one NumPy float64 array each, one entry per step
@@ -557,7 +558,8 @@ class AdaptiveEngine:
 
         Stops after the step that brings progress to `until` or the consecutive skips
         to `limit`, or before one that would take more than `micro` micro-batches in
-        all (-1: no limit). Returns the steps' logs, `[steps taken, logs]`.
+        all (-1: no limit); the first step always runs. Returns the steps' logs,
+        `[steps taken, logs]`.
         """
         state, lost_at = self.state, LOG_NAMES.index(UPDATE_LOST)
         stop_on_lost = not self._rollback.copies_mirrored
@@ -568,7 +570,8 @@ class AdaptiveEngine:
             more = more & ((micro < 0) | (used + k <= micro))
             if stop_on_lost:
                 more = more & ~lost
-            return more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))
+            more = more & ((limit < 0) | (state.consecutive_skips.read_value() < limit))
+            return (i == 0) | more  # the first step runs, as a call of `train_step` would
 
         def step(i: tf.Tensor, logs: tf.TensorArray, used: tf.Tensor, lost: tf.Tensor) -> Any:
             used = used + state.accumulation_steps.read_value()
