@@ -124,10 +124,10 @@ def test_fit_progress_bar_shows_the_adaptation(capsys) -> None:
 
 
 def _fit_blocks(per_call: int, replicas: int, *, fixed_epochs: bool, callbacks=()):
-    """attach + fit with `steps_per_execution=per_call`: 2 epochs over 200 examples (or
+    """attach + fit with `steps_per_execution=per_call`: 2 epochs over 1,600 examples (or
     3 epochs of 5 steps over a repeated dataset); returns history, engine, weights and
     the AdaBatchTensorBoard's per-step tags."""
-    x, y = regression_data(200)
+    x, y = regression_data(1600)
     strategy, model, optimizer = make(replicas)
     with strategy.scope():
         model.compile(optimizer=optimizer, loss="mse", steps_per_execution=per_call)
