@@ -426,7 +426,9 @@ class AdaptiveEngine:
             until_progress = real("until_progress", until_progress, "a number", lambda v: True)
         if micro_batches is not None:
             micro_batches = integer("micro_batches", micro_batches)
-        return self._run(iterator, (steps, until_progress, micro_batches))
+        # A block's first step always runs, so a block of one is `train_step`'s call.
+        block = None if steps == 1 else (steps, until_progress, micro_batches)
+        return self._run(iterator, block)
 
     def _run(self, iterator: Iterator[Any], block: tuple[int, Any, Any] | None) -> dict:
         """One call of the step (`block` None) or of the block function; the one host read."""

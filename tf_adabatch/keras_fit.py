@@ -248,13 +248,10 @@ class _FitBinding:
     def train_function(self, iterator: Any) -> dict[str, Any]:
         """One call: one step, or (`steps_per_execution` > 1) up to `plan`'s steps and
         micro-batches, ending on the step that reaches a `ProgressBudget`'s budget."""
-        steps, micro = self.plan
-        if int(self.model.steps_per_execution) == 1:  # the host counted the micro-batches
-            logs = {k: np.array([v]) for k, v in self.engine.train_step(iterator).items()}
-        else:
-            logs = self.engine.train_steps(
-                iterator, steps, until_progress=self.budget, micro_batches=micro
-            )
+        steps, micro = self.plan  # (1, ...) unless steps_per_execution > 1
+        logs = self.engine.train_steps(
+            iterator, steps, until_progress=self.budget, micro_batches=micro
+        )
         self.block_logs = logs
         self.step_logs = {name: column[-1] for name, column in logs.items()}
         if self._metrics_result is None:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from typing_extensions import Unpack
 
@@ -281,10 +280,7 @@ class Trainer:
             hooks.on_train_batch_begin(done)
             block = per_call if steps is None else min(per_call, steps - done)
             try:
-                if per_call == 1:
-                    logs = {k: np.array([v]) for k, v in self.engine.train_step(iterator).items()}
-                else:
-                    logs = self.engine.train_steps(iterator, block, until_progress=until_progress)
+                logs = self.engine.train_steps(iterator, block, until_progress=until_progress)
             except tf.errors.OutOfRangeError:
                 # Nothing to undo: the next step's first micro-step overwrites the
                 # accumulators, and no state was written by the cut step (a block's
