@@ -33,13 +33,18 @@ import tf_adabatch
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
 
 
-def get_strategy(num_replicas: int, *, collective: bool = False) -> tf.distribute.Strategy:
-    """The session's strategy with `num_replicas` replicas (1: the default strategy)."""
-    if num_replicas == 1 and not collective:
+def get_strategy(
+    num_replicas: int, *, collective: bool = False, mirrored: bool = False
+) -> tf.distribute.Strategy:
+    """The session's strategy with `num_replicas` replicas (1: the default strategy, or
+    with `mirrored` a `MirroredStrategy` on one device)."""
+    if num_replicas == 1 and not collective and not mirrored:
         return tf.distribute.get_strategy()
     key = f"{num_replicas}{'c' if collective else ''}"
     if key not in _STRATEGIES:
-        if collective:
+        if num_replicas == 1:
+            _STRATEGIES[key] = tf.distribute.MirroredStrategy(["/cpu:0"])
+        elif collective:
             if num_replicas != 4:
                 raise ValueError("Only one collective strategy (4 replicas) per process.")
             devices = [f"/cpu:{i}" for i in range(4, 8)]

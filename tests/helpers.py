@@ -168,3 +168,44 @@ def sum_of_outputs_closed_form(
         )
         tau += gain
     return out
+
+
+def bn_model(strategy: tf.distribute.Strategy, *, dropout: bool = True) -> keras.Model:
+    """A small model whose forward pass writes variables: BatchNormalization's moving
+    statistics and (with `dropout`) a Dropout's seed generator (the roll-back tests'
+    model)."""
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        head = [keras.Input((6,)), keras.layers.Dense(8)]
+        head += [keras.layers.BatchNormalization(momentum=0.5), keras.layers.Activation("tanh")]
+        tail = [keras.layers.Dropout(0.2, seed=3)] if dropout else []
+        return keras.Sequential([*head, *tail, keras.layers.Dense(3)])
+
+
+def snapshot(trainer: tf_adabatch.Trainer) -> dict[str, np.ndarray]:
+    """Every variable of the model (trainable or not), the optimizer and the state."""
+    engine = trainer.engine
+    values = {f"model/{v.path}": np.array(v.numpy()) for v in engine.model.variables}
+    values.update({f"opt/{v.path}": np.array(v.numpy()) for v in engine.optimizer.variables})
+    values.update({f"state/{v.name}": np.array(v.numpy()) for v in engine.state.variables})
+    values.update({f"policy/{v.name}": np.array(v.numpy()) for v in engine.policy.variables})
+    return values
+
+
+def assert_unchanged(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> int:
+    """Bit-identical except the skip counters and samples_seen; returns how many compared."""
+    counters = ("skipped_steps", "consecutive_skips", "samples_seen")
+    compared = 0
+    assert set(before) == set(after)
+    for name, value in before.items():
+        if any(c in name for c in counters):
+            continue
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+        compared += 1
+    return compared
+
+
+def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray], part: str) -> list[str]:
+    return [
+        n for n in before if part in n and not np.array_equal(before[n], after[n], equal_nan=True)
+    ]

@@ -456,6 +456,26 @@ MUTANTS = [
         "an update that leaves a weight or slot non-finite is rolled back",
     ),
     Mutant(
+        "finish_not_compiled_on_one_replica",
+        "tf_adabatch/engine.py",
+        "self._finish_fn = wrap(self._finish_step) if single else self._finish_step",
+        "self._finish_fn = self._finish_step",
+        (
+            "tests/test_xla_step.py::test_on_one_mirrored_replica_the_step_after_its_data_is_one_xla_program",
+        ),
+        "with jit_compile=True the step after its data (roll-back, policy) is one XLA program",
+    ),
+    Mutant(
+        "roll_back_save_not_compiled_on_one_replica",
+        "tf_adabatch/engine.py",
+        "self._save_fn = wrap(self._rollback.save) if single else self._rollback.save",
+        "self._save_fn = self._rollback.save",
+        (
+            "tests/test_xla_step.py::test_on_one_mirrored_replica_the_step_after_its_data_is_one_xla_program",
+        ),
+        "with jit_compile=True the roll-back's save compiles too",
+    ),
+    Mutant(
         "block_ignores_the_progress_budget",
         "tf_adabatch/engine.py",
         "more = (i < steps) & (state.progress.read_value() < until)",

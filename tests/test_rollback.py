@@ -25,53 +25,16 @@ import tf_adabatch
 from tf_adabatch.rollback import StepRollback
 
 from conftest import get_strategy
-from helpers import global_micro_batches, regression_data
+from helpers import (
+    assert_unchanged,
+    bn_model,
+    changed,
+    global_micro_batches,
+    regression_data,
+    snapshot,
+)
 
 M = 4
-
-
-def bn_model(strategy: tf.distribute.Strategy) -> keras.Model:
-    with strategy.scope():
-        keras.utils.set_random_seed(0)
-        return keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(8),
-                keras.layers.BatchNormalization(momentum=0.5),
-                keras.layers.Activation("tanh"),
-                keras.layers.Dropout(0.2, seed=3),
-                keras.layers.Dense(3),
-            ]
-        )
-
-
-def snapshot(trainer: tf_adabatch.Trainer) -> dict[str, np.ndarray]:
-    """Every variable of the model (trainable or not), the optimizer and the state."""
-    engine = trainer.engine
-    values = {f"model/{v.path}": np.array(v.numpy()) for v in engine.model.variables}
-    values.update({f"opt/{v.path}": np.array(v.numpy()) for v in engine.optimizer.variables})
-    values.update({f"state/{v.name}": np.array(v.numpy()) for v in engine.state.variables})
-    values.update({f"policy/{v.name}": np.array(v.numpy()) for v in engine.policy.variables})
-    return values
-
-
-def assert_unchanged(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> int:
-    """Bit-identical except the skip counters and samples_seen; returns how many compared."""
-    counters = ("skipped_steps", "consecutive_skips", "samples_seen")
-    compared = 0
-    assert set(before) == set(after)
-    for name, value in before.items():
-        if any(c in name for c in counters):
-            continue
-        np.testing.assert_array_equal(after[name], value, err_msg=name)
-        compared += 1
-    return compared
-
-
-def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray], part: str) -> list[str]:
-    return [
-        n for n in before if part in n and not np.array_equal(before[n], after[n], equal_nan=True)
-    ]
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

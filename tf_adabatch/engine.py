@@ -235,6 +235,12 @@ class AdaptiveEngine:
         self._gradients_fn = wrap(self._grads.of_micro_batch)
         self._last_fn = wrap(self._last_micro_step) if single else self._last_micro_step
         self._apply_fn = wrap(self._apply_step) if single else self._apply_step
+        # On one replica the rest of the step after the micro-steps that draw data
+        # compiles as one XLA function, roll-back and policy included (on several, the
+        # cross-replica code reaches every device's variables, which XLA refuses:
+        # docs/architecture.md).
+        self._save_fn = wrap(self._rollback.save) if single else self._rollback.save
+        self._finish_fn = wrap(self._finish_step) if single else self._finish_step
         self._step_fn = tf.function(self._train_step)
         self._block_fn = tf.function(self._train_block)
 
@@ -480,27 +486,30 @@ class AdaptiveEngine:
     # ------------------------------------------------------- cross-replica context
 
     def _train_step(self, iterator: Iterator[Any]) -> tf.Tensor:
+        """One optimizer step: the save and the micro-steps that draw data (not XLA:
+        the iterator), then `_finish_step`, which XLA compiles whole on one replica."""
         self.trace_count += 1  # Python side effect: runs once per trace.
         strategy = self.strategy
-        state = self.state
-        k = state.accumulation_steps.read_value()
+        k = self.state.accumulation_steps.read_value()
         with tf.name_scope(SCOPES["rollback"]):
-            self._rollback.save()
-        if self.measurement.fuses_last_micro_step:
-            for i in tf.range(k - 1):
-                strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(SCOPES["statistics"]):  # the all-reduces have their own
-                per_replica, gbar, pending = strategy.run(
-                    self._last_fn, args=(next(iterator), k - 1)
-                )
-        else:
-            # Every micro-step is accumulated first (odd N in exact mode: into one of
-            # two accumulators).
-            for i in tf.range(k):
-                strategy.run(self._micro_fn, args=(next(iterator), i))
-            with tf.name_scope(SCOPES["statistics"]):
+            self._save_fn()
+        fused = self.measurement.fuses_last_micro_step
+        for i in tf.range(k - 1 if fused else k):
+            strategy.run(self._micro_fn, args=(next(iterator), i))
+        # The last micro-batch, if the measurement fuses its micro-step with the reduce
+        # (odd N in exact mode does not: every micro-step is accumulated first, into
+        # one of two accumulators).
+        return self._finish_fn(k, next(iterator)) if fused else self._finish_fn(k)
+
+    def _finish_step(self, k: tf.Tensor, data: Any = None) -> tf.Tensor:
+        """The rest of the step, with no data to draw: the reduce, statistics, apply,
+        roll-back, commit and policy; returns the step's one log vector."""
+        strategy = self.strategy
+        with tf.name_scope(SCOPES["statistics"]):  # the all-reduces have their own
+            if data is not None:
+                per_replica, gbar, pending = strategy.run(self._last_fn, args=(data, k - 1))
+            else:
                 per_replica, gbar, pending = strategy.run(self._reduce_fn)
-        with tf.name_scope(SCOPES["statistics"]):
             # The first local replica's values: identical on all by construction.
             first = lambda v: strategy.experimental_local_results(v)[0]  # noqa: E731
             reading = tf.nest.map_structure(first, per_replica)

@@ -48,8 +48,13 @@ class EngineOptions(TypedDict, total=False):
         (not the similarity); `None` (default) uses fairscale's max(1 - n/1000, 0)
         with n the micro-gradients of the step.
       min_variance: per-step floor of tr(Sigma)/B0 (default fairscale's 1e-6).
-      jit_compile: XLA-compile the replica functions (the micro-step always; the
-        reduce and apply steps too on a single replica). Default False.
+      jit_compile: XLA-compile the step. The micro-step always; on one replica also
+        everything after the micro-steps that draw data (the last micro-step, reduce,
+        statistics, apply, roll-back and policy) as one XLA program, and the
+        roll-back's save. On several replicas the cross-replica part stays a plain
+        graph: XLA refuses code that reaches every device's variables (Keras's own
+        `fit(jit_compile=True)` fails there too; docs/architecture.md). Dropout and
+        other random layers draw other numbers under XLA. Default False.
       max_consecutive_skips: raise `NonFiniteGradientsError` after this many skipped
         (non-finite) steps in a row (default 100); None never stops.
       rollback: how a step whose *update* (from finite gradients) left a weight or
