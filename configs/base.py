@@ -46,6 +46,16 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
   train.checkpoint_every_steps, eval_every_base_epochs, eval_batch_size
   train.max_consecutive_skips  stop after this many non-finite steps in a row (None: never;
                             on the command line `--config.train.max_consecutive_skips=None`)
+  train.steps_per_execution  optimizer steps per call of the step, run in a loop on the
+                            device (Keras's steps_per_execution; 1: one host read per step).
+                            Evaluations, checkpoints, the preemption save and the progress
+                            bar then act at a block's end (a checkpoint at the block's last
+                            step once the block passed a multiple of checkpoint_every_steps)
+  train.rollback            copy: a step whose update is not finite is undone from a copy of
+                            the weights and optimizer slots kept every step (the default) |
+                            stop: no copy (less memory: 1/3 of the engine's variables with
+                            SGD + momentum); such a step ends the run with exit 3, naming the
+                            last checkpoint to resume from
   train.divergence_factor   no checkpoint while the last step's loss is above the first
                             checkpoint interval's mean and this many times the best
                             interval's mean (exploding); a run that ends so exits 3
@@ -118,6 +128,8 @@ def get_config() -> config_dict.ConfigDict:
     config.train.max_consecutive_skips = config_dict.FieldReference(100, field_type=int)
     config.train.divergence_factor = config_dict.FieldReference(10.0, field_type=float)
     config.train.preemption = True
+    config.train.steps_per_execution = 1
+    config.train.rollback = "copy"
 
     config.clock = config_dict.ConfigDict()
     config.clock.profile = config_dict.placeholder(str)

@@ -356,6 +356,16 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
             2.5,
             r"Config field `train.max_steps` must be an integer >= 1 or None. Received: train.max_steps=2.5",
         ),
+        (
+            "train.steps_per_execution",
+            0,
+            r"Config field `train.steps_per_execution` must be an integer >= 1. Received: train.steps_per_execution=0",
+        ),
+        (
+            "train.rollback",
+            "none",
+            r"Config field `train.rollback` must be 'copy' or 'stop'. Received: train.rollback='none'",
+        ),
     ],
 )
 def test_validate_config_names_field_rule_and_value(field: str, value, match: str) -> None:

@@ -17,6 +17,8 @@ from tf_adabatch.policies import GoodputPolicy
 from tf_adabatch.step_statistics import PROGRESS_INCREMENT
 
 __all__ = [
+    "BLOCK_SECONDS",
+    "BLOCK_STEPS",
     "LOG_NAMES",
     "STEP_LOGS",
     "UPDATE_LOST",
@@ -47,6 +49,9 @@ STEP_LOGS = (
 # copy with rollback="copy"; the end of the run with "stop".
 UPDATE_LOST = "_update_not_finite"
 LOG_NAMES = (*STEP_LOGS, PROGRESS_INCREMENT, UPDATE_LOST)
+# What `Trainer.fit` adds to its callbacks' logs at the end of a call (a block of
+# steps with `steps_per_execution`): the steps it took and the sum of their step_time.
+BLOCK_STEPS, BLOCK_SECONDS = "block_steps", "block_seconds"
 
 
 class NonFiniteGradientsError(RuntimeError):

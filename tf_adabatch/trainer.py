@@ -23,6 +23,7 @@ from tf_adabatch.evaluation import Evaluation
 from tf_adabatch.keras_fit import track_adaptive_state
 from tf_adabatch.options import EngineOptions, check_objects, resolve_options
 from tf_adabatch.state import AdaptiveState
+from tf_adabatch.step_logs import BLOCK_SECONDS, BLOCK_STEPS
 
 __all__ = ["Trainer"]
 
@@ -228,7 +229,8 @@ class Trainer:
             the last block short; a progress budget ends a block after the step that
             reaches it (the same step as with 1); `model.stop_training` acts at block
             ends. A host clock charges each step of a block the block's time / its
-            steps. If the data run out inside a block, the block's steps taken before
+            steps. The callbacks' logs also hold `block_steps` (the steps the call
+            took) and `block_seconds` (the sum of their `step_time`). If the data run out inside a block, the block's steps taken before
             are kept (the weights and state have them) but their logs are lost.
 
         Returns:
@@ -293,8 +295,10 @@ class Trainer:
                     stacklevel=2,
                 )
                 break
+            block_seconds = 0.0
             for row in zip(*logs.values(), strict=True):
                 values = {name: float(value) for name, value in zip(logs, row, strict=True)}
+                block_seconds += values["step_time"]
                 done += 1
                 for name, value in values.items():
                     history.setdefault(name, []).append(value)
@@ -312,7 +316,8 @@ class Trainer:
                     for name in shown
                 ]
                 progbar.step_done(current, shown_values)
-            hooks.on_train_batch_end(done - 1, values)
+            block = {BLOCK_STEPS: float(len(logs["step"])), BLOCK_SECONDS: block_seconds}
+            hooks.on_train_batch_end(done - 1, {**values, **block})
         if progbar is not None:
             progbar.close()
         hooks.on_train_end({name: v[-1] for name, v in history.items()} if history else {})

@@ -27,6 +27,7 @@ from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.models import MODELS, SEQUENCE_MODELS
 from tf_adabatch.engine import SIMILARITY_MODES
 from tf_adabatch.measure import min_accumulation_steps
+from tf_adabatch.options import ROLLBACK_MODES
 
 __all__ = ["ConfigError", "check_workdir", "validate_config"]
 
@@ -266,6 +267,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _require_real(c, "train.eval_every_base_epochs", "> 0", lambda v: v > 0)
     _require_int(c, "train.eval_batch_size", 1)
     _require_int(c, "train.max_consecutive_skips", 1, optional=True)
+    _require_int(c, "train.steps_per_execution", 1)
+    _require(
+        c.train.rollback in ROLLBACK_MODES,
+        "train.rollback",
+        _one_of(ROLLBACK_MODES),
+        c.train.rollback,
+    )
     if c.train.divergence_factor is not None:
         _require_real(c, "train.divergence_factor", "> 1 (or None)", lambda v: v > 1)
     _require(

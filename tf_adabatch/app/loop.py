@@ -54,6 +54,7 @@ from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.workdir import WorkdirLock, WriteError, check_writable
 from tf_adabatch.clock import Clock, WallClock
 from tf_adabatch.engine import NonFiniteGradientsError
+from tf_adabatch.step_logs import BLOCK_SECONDS
 from tf_adabatch.trainer import Trainer
 
 __all__ = [
@@ -133,12 +134,16 @@ class TrainClock:
 class ChargeSteps(keras.callbacks.Callback):
     """Charges each step's `step_time` to a virtual `TrainClock` (first of the loop's actions).
 
+    With `steps_per_execution`, `Trainer.fit` calls it once per block with the sum of
+    the block's step times (`block_seconds`), which is what it charges then.
+
     >>> from tf_adabatch import StepTimeModel, VirtualClock
     >>> clock = TrainClock(step_clock=VirtualClock(
     ...     StepTimeModel(compute_fixed=0.25, compute_per_example=0.0), devices=1))
     >>> ChargeSteps(clock).on_train_batch_end(0, {"step_time": 0.25})
+    >>> ChargeSteps(clock).on_train_batch_end(3, {"step_time": 0.25, "block_seconds": 0.75})
     >>> clock.seconds()
-    0.25
+    1.0
     """
 
     def __init__(self, clock: TrainClock) -> None:
@@ -146,8 +151,11 @@ class ChargeSteps(keras.callbacks.Callback):
         self.clock = clock
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is not None and "step_time" in logs:
-            self.clock.charge(float(logs["step_time"]))
+        if logs is None:
+            return
+        seconds = logs.get(BLOCK_SECONDS, logs.get("step_time"))
+        if seconds is not None:
+            self.clock.charge(float(seconds))
 
 
 class Evaluation:
@@ -314,6 +322,11 @@ class RecordingCheckpointManager(tf.train.CheckpointManager):
 class CheckpointEvery(keras.callbacks.Callback):
     """Saves every `every` optimizer steps (skipped ones counted), and once at the end.
 
+    It is told of the steps at the end of each call of the step (a block of steps with
+    `train.steps_per_execution`): it saves when the steps passed a multiple of `every`
+    since it was last told, at the block's last step (so with blocks a checkpoint's
+    number need not be a multiple of `every`).
+
     Never while steps are being skipped: if the run stops on `NonFiniteGradientsError`,
     its last checkpoint predates the skipped steps (unless a preemption saved inside the
     streak: that checkpoint counts the skips, and resuming from it is exact).
@@ -336,9 +349,10 @@ class CheckpointEvery(keras.callbacks.Callback):
     >>> action = CheckpointEvery(manager, every=2, restored_step=0)
     >>> for step in (1, 2, 3):
     ...     action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
-    >>> action.save_final(step=3, consecutive_skips=0)
+    >>> action.on_train_batch_end(6, {"step": 7, "consecutive_skips": 0.0})  # a block: 4-7
+    >>> action.save_final(step=7, consecutive_skips=0)  # saved already
     >>> [os.path.basename(p) for p in manager.checkpoints]
-    ['ckpt-2', 'ckpt-3']
+    ['ckpt-2', 'ckpt-7']
     """
 
     def __init__(
@@ -353,6 +367,8 @@ class CheckpointEvery(keras.callbacks.Callback):
         super().__init__()
         self.manager, self.every, self.restored_step = manager, every, restored_step
         self.preemption, self.guard = preemption, guard
+        self.told = restored_step  # the last step it was told of
+        self.saved = restored_step  # the last step saved (or resumed from)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         logs = logs or {}
@@ -361,7 +377,9 @@ class CheckpointEvery(keras.callbacks.Callback):
             self.guard.observe(
                 float(logs.get("loss", math.nan)), applied=bool(logs.get("applied", 1.0))
             )
-        if step % self.every == 0 and not logs.get("consecutive_skips", 0.0) and self._healthy():
+        passed = step // self.every > self.told // self.every  # (one step: step % every == 0)
+        self.told = step
+        if passed and not logs.get("consecutive_skips", 0.0) and self._healthy():
             self._save(step)
         if self.preemption is not None:
             self.preemption.after_step(step)
@@ -371,6 +389,7 @@ class CheckpointEvery(keras.callbacks.Callback):
 
     def _save(self, step: int) -> None:
         self.manager.save(checkpoint_number=step)
+        self.saved = step
         if self.guard is not None:
             self.guard.saved(step)
 
@@ -381,7 +400,7 @@ class CheckpointEvery(keras.callbacks.Callback):
         Decided from the state (and the all-reduced losses) alone, so that every worker
         decides alike.
         """
-        due = step % self.every and step != self.restored_step and not consecutive_skips
+        due = step != self.saved and not consecutive_skips
         if due and self._healthy():
             self._save(step)
 
@@ -505,6 +524,7 @@ def _build(
             policy=factories.make_policy(config, base_steps),
             similarity=config.similarity,
             max_consecutive_skips=config.train.max_consecutive_skips,
+            rollback=config.train.rollback,
             strategy=strategy,
             clock=factories.make_clock(config),
         )
@@ -753,6 +773,7 @@ def _run_locked(
                 summary_dir=os.path.join(tensorboard, "train"),
                 callbacks=[ChargeSteps(clock), evaluating, saving],  # in this order
                 verbose=verbose,
+                steps_per_execution=config.train.steps_per_execution,
             )
         except NonFiniteGradientsError as err:
             guard.set_aside_suspects(checkpoints.checkpoint_numbers(own_dir))
