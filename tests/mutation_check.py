@@ -476,6 +476,22 @@ MUTANTS = [
         "with jit_compile=True the roll-back's save compiles too",
     ),
     Mutant(
+        "checkpoint_only_at_multiples_with_blocks",
+        "tf_adabatch/app/loop.py",
+        "passed = step // self.every > self.told // self.every",
+        "passed = step % self.every == 0",
+        ("tests/test_launch_blocks.py",),
+        "with steps_per_execution a checkpoint is taken at the end of a block that passed a multiple",
+    ),
+    Mutant(
+        "virtual_clock_charges_a_blocks_last_step_only",
+        "tf_adabatch/app/loop.py",
+        "seconds = logs.get(BLOCK_SECONDS, logs.get(\"step_time\"))",
+        "seconds = logs.get(\"step_time\")",
+        ("tests/test_launch_blocks.py",),
+        "the launcher's virtual clock charges every step of a block",
+    ),
+    Mutant(
         "block_ignores_the_progress_budget",
         "tf_adabatch/engine.py",
         "more = (i < steps) & (state.progress.read_value() < until)",

@@ -191,3 +191,35 @@ def test_a_signal_at_a_scripted_step_saves_at_the_next_boundary_only(
         "v/.ATTRIBUTES/VARIABLE_VALUE"
     )
     assert value == float(signal_at)
+
+
+def test_with_blocks_of_steps_the_signal_saves_at_the_end_of_its_block(tmp_path: Path) -> None:
+    """`train.steps_per_execution=3`: the loop's actions are told of steps 3, 6, 9. A
+    signal during step 4 saves at 6, the end of its block (where the periodic save,
+    every 5, also falls: one checkpoint), holding step 6's value. Expected by hand."""
+    v = tf.Variable(0.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path), max_to_keep=100)
+    watch = PreemptionWatch()
+    told = []
+    try:
+        watch.start(tf.distribute.get_strategy(), manager)
+        action = CheckpointEvery(manager, every=5, restored_step=0, preemption=watch)
+        with pytest.raises(Preempted) as info:
+            for step in range(1, 10):
+                v.assign(float(step))
+                if step == 4:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 10
+                    while not watch.signalled and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                if step % 3 == 0:  # a block's end
+                    told.append(step)
+                    action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
+    finally:
+        watch.close()
+    assert told == [3, 6] and info.value.step == 6
+    assert checkpoint_numbers(str(tmp_path)) == [6]
+    value = tf.train.load_checkpoint(info.value.checkpoint).get_tensor(
+        "v/.ATTRIBUTES/VARIABLE_VALUE"
+    )
+    assert value == 6.0
