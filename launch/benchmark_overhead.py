@@ -92,9 +92,10 @@ def make_loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def make_plain_step(strategy, model_kind: str, dataset, global_batch: int):
+def make_plain_step(strategy, model_kind: str, dataset, global_batch: int, steps_per_call: int = 1):
     """A plain tf.distribute step (gradients -> `apply_gradients`, Keras all-reduces
-    inside): `(step(iterator), distributed iterator, model)`."""
+    inside): `(step(iterator), distributed iterator, model)`. With `steps_per_call` > 1
+    the call runs that many steps in a `tf.range` loop (a plain `steps_per_execution`)."""
     import keras
     import tensorflow as tf
 
@@ -120,7 +121,11 @@ def make_plain_step(strategy, model_kind: str, dataset, global_batch: int):
 
     @tf.function
     def plain_step(iterator):
-        strategy.run(plain_replica_step, args=(next(iterator),))
+        if steps_per_call == 1:
+            strategy.run(plain_replica_step, args=(next(iterator),))
+        else:
+            for _ in tf.range(steps_per_call):
+                strategy.run(plain_replica_step, args=(next(iterator),))
 
     return plain_step, iter(strategy.experimental_distribute_dataset(dataset)), model
 

@@ -8,17 +8,22 @@ most), each of these runs the same number of optimizer steps per timed call:
 
   keras_N          stock Keras: `compile(steps_per_execution=N)` and the train function
                    `fit` calls (loss tracking included); no statistics
+  plain_N          a plain tf.distribute step (gradients -> `apply_gradients`; no loss
+                   tracking), N of them per call in a `tf.range` loop: the denominator
+                   where stock Keras cannot run N steps per call (2 replicas here)
   attach_MODE_N    `tf_adabatch.attach` + the same train function (`fit`'s), N steps a
                    call, similarity MODE (estimated / exact)
   trainer_MODE_N   `Trainer.fit(steps=--steps, steps_per_execution=N, verbose=0)`, one
                    call per round
+  trainer_MODE_stop_N  the same with rollback="stop" (with --stop_variants): no per-step
+                   copy of the weights and slots
 
 for N in --per_call (default 1 and 8). The variants run in interleaved rounds (the order
 reversed every other round) so that a shared, noisy machine slows them alike; the script
 prints each one's median time per optimizer step, the spread over rounds, and the
-ratios to stock Keras at the same N, paired within each round. If stock Keras cannot
-run N steps per call on this strategy, the ratio is to stock Keras at N = 1 and the
-table says so.
+ratios to stock Keras and to the plain loop at the same N, paired within each round. If
+stock Keras cannot run N steps per call on this strategy, its ratio is to stock Keras at
+N = 1 and the table says so.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ from launch import benchmark_overhead as bench
 # optimizer steps per variant per round, a multiple of each N) are benchmark_overhead's.
 FLAGS = flags.FLAGS
 flags.DEFINE_list("per_call", ["1", "8"], "Optimizer steps per call (steps_per_execution).")
+flags.DEFINE_bool(
+    "stop_variants",
+    False,
+    "Also time Trainer.fit with rollback='stop' (trainer_MODE_stop_N): the share of the "
+    "roll-back's per-step copies.",
+)
 
 
 def main(argv) -> None:
@@ -88,6 +99,16 @@ def main(argv) -> None:
         stock.make_train_function()
         iterator = iter(strategy.experimental_distribute_dataset(dataset))
         calls[f"keras_{n}"] = (lambda f=stock.train_function, it=iterator: f(it)["loss"], n)
+        plain, plain_iterator, plain_model = bench.make_plain_step(
+            strategy, model_kind, dataset, global_micro, steps_per_call=n
+        )
+        calls[f"plain_{n}"] = (
+            lambda f=plain, it=plain_iterator, w=plain_model.trainable_variables[0]: (
+                f(it),
+                w.value,
+            )[1],
+            n,
+        )
         # One replica's exact mode needs k >= 2 micro-steps: not comparable at k = 1.
         for mode in ("estimated", "exact") if replicas > 1 else ("estimated",):
             with strategy.scope():
@@ -101,25 +122,28 @@ def main(argv) -> None:
                 lambda f=model.train_function, it=iterator: f(it)["loss"],
                 n,
             )
-            with strategy.scope():
-                model = build_model(model_kind)
-                optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-            trainer = tf_adabatch.Trainer(
-                model,
-                loss=make_loss(),
-                optimizer=optimizer,
-                micro_batch_size=FLAGS.micro_batch,
-                similarity=mode,
-                strategy=strategy,
-            )
-            iterator = iter(trainer.distribute(dataset))
-            # One `fit` of all the round's steps (its set-up paid once, as in use).
-            calls[f"trainer_{mode}_{n}"] = (
-                lambda t=trainer, it=iterator, n=n: t.fit(
-                    it, steps=FLAGS.steps, verbose=0, steps_per_execution=n
-                )["loss"],
-                FLAGS.steps,
-            )
+            for rollback in ("copy", "stop") if FLAGS.stop_variants else ("copy",):
+                with strategy.scope():
+                    model = build_model(model_kind)
+                    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+                trainer = tf_adabatch.Trainer(
+                    model,
+                    loss=make_loss(),
+                    optimizer=optimizer,
+                    micro_batch_size=FLAGS.micro_batch,
+                    similarity=mode,
+                    strategy=strategy,
+                    rollback=rollback,
+                )
+                iterator = iter(trainer.distribute(dataset))
+                # One `fit` of all the round's steps (its set-up paid once, as in use).
+                name = f"trainer_{mode}_{n}" if rollback == "copy" else f"trainer_{mode}_stop_{n}"
+                calls[name] = (
+                    lambda t=trainer, it=iterator, n=n: t.fit(
+                        it, steps=FLAGS.steps, verbose=0, steps_per_execution=n
+                    )["loss"],
+                    FLAGS.steps,
+                )
 
     failed: dict[str, str] = {}
 
@@ -128,7 +152,8 @@ def main(argv) -> None:
         start = time.perf_counter()
         for _ in range(FLAGS.steps // n):
             out = call()
-        float(keras.ops.convert_to_numpy(out if not isinstance(out, list) else out[-1]))
+        # Waits for the device (once per round): a loss, or the plain loop's first kernel.
+        keras.ops.convert_to_numpy(out if not isinstance(out, list) else out[-1]).ravel()[:1]
         return (time.perf_counter() - start) / FLAGS.steps
 
     for name in list(calls):  # trace, and drop what cannot run here
@@ -148,17 +173,26 @@ def main(argv) -> None:
     )
     for name, why in failed.items():
         print(f"{name}: does not run here ({why})")
-    print("\n| variant | median ms/step | spread (min-max of rounds) | vs stock Keras (paired) |")
-    print("|---|---|---|---|")
+    print(
+        "\n| variant | median ms/step | spread (min-max of rounds) | vs stock Keras (paired) "
+        "| vs plain loop, same N (paired) |"
+    )
+    print("|---|---|---|---|---|")
+
+    def paired(times: list[float], base: str) -> str:
+        if base not in per_round:
+            return "-"
+        ratios = [t / b for t, b in zip(times, per_round[base], strict=True)]
+        return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+
     for name, times in per_round.items():
         n = int(name.rsplit("_", 1)[1])
         base = f"keras_{n}" if f"keras_{n}" in per_round else "keras_1"
-        ratios = [t / b for t, b in zip(times, per_round[base], strict=True)]
         against = "" if base == f"keras_{n}" else f" (vs {base})"
         print(
             f"| {name} | {1e3 * statistics.median(times):.2f} | "
             f"{1e3 * min(times):.2f}-{1e3 * max(times):.2f} | "
-            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}){against} |"
+            f"{paired(times, base)}{against} | {paired(times, f'plain_{n}')} |"
         )
 
 

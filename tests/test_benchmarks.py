@@ -215,6 +215,37 @@ def test_overhead_benchmark_smoke() -> None:
     assert all(0.0 < r < 100.0 for r in ratios.values()), ratios
 
 
+def test_steps_per_execution_benchmark_smoke() -> None:
+    """Every variant at N = 1 and 2 runs or says why not, and each row has both ratios:
+    to stock Keras and to the plain loop at the same N (its denominator where stock
+    Keras cannot run several steps per call)."""
+    result = script(
+        "benchmark_steps_per_execution.py",
+        "--replicas=2",
+        "--models=small",
+        "--rounds=1",
+        "--steps=2",
+        "--per_call=1,2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    variants = [
+        f"{kind}_{n}"
+        for n in (1, 2)
+        for kind in (
+            "plain",
+            "attach_estimated",
+            "trainer_estimated",
+            "attach_exact",
+            "trainer_exact",
+        )
+    ]
+    for variant in variants:
+        row = next(line for line in rows if line.startswith(f"| {variant} |"))
+        assert row.count("|") == 6 and not row.rstrip().endswith("| - |"), row
+    assert len(rows) >= len(variants)
+
+
 def _run(variant: str, final: float, accuracy: list[tuple[float, float]]) -> dict:
     return {
         "variant": variant,

@@ -144,10 +144,7 @@ def test_a_sigterm_while_the_run_starts_is_kept_and_saves_at_the_first_step(tmp_
     watch starts, the first step boundary saves ckpt-1 and raises Preempted (exit 143)."""
     watch = PreemptionWatch()
     try:
-        os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while not watch.signalled and time.monotonic() < deadline:
-            time.sleep(0.01)  # Python runs the handler between bytecodes of the main thread
+        _sigterm(watch)
         assert watch.signalled
         v = tf.Variable(1.0)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path), 2)
@@ -158,6 +155,14 @@ def test_a_sigterm_while_the_run_starts_is_kept_and_saves_at_the_first_step(tmp_
         assert checkpoint_numbers(str(tmp_path)) == [1]
     finally:
         watch.close()
+
+
+def _sigterm(watch: PreemptionWatch) -> None:
+    """Sends this process SIGTERM and waits (at most 10 s) until `watch` has seen it."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not watch.signalled and time.monotonic() < deadline:
+        time.sleep(0.01)  # Python runs the handler between bytecodes of the main thread
 
 
 @pytest.mark.parametrize("signal_at", [2, 3])
@@ -178,10 +183,7 @@ def test_a_signal_at_a_scripted_step_saves_at_the_next_boundary_only(
             for step in range(1, 10):
                 v.assign(float(step))
                 if step == signal_at:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    deadline = time.monotonic() + 10
-                    while not watch.signalled and time.monotonic() < deadline:
-                        time.sleep(0.01)
+                    _sigterm(watch)
                 action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
     finally:
         watch.close()
@@ -208,10 +210,7 @@ def test_with_blocks_of_steps_the_signal_saves_at_the_end_of_its_block(tmp_path:
             for step in range(1, 10):
                 v.assign(float(step))
                 if step == 4:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    deadline = time.monotonic() + 10
-                    while not watch.signalled and time.monotonic() < deadline:
-                        time.sleep(0.01)
+                    _sigterm(watch)
                 if step % 3 == 0:  # a block's end
                     told.append(step)
                     action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
