@@ -486,8 +486,8 @@ MUTANTS = [
     Mutant(
         "virtual_clock_charges_a_blocks_last_step_only",
         "tf_adabatch/app/loop.py",
-        "seconds = logs.get(BLOCK_SECONDS, logs.get(\"step_time\"))",
-        "seconds = logs.get(\"step_time\")",
+        'seconds = logs.get(BLOCK_SECONDS, logs.get("step_time"))',
+        'seconds = logs.get("step_time")',
         ("tests/test_launch_blocks.py",),
         "the launcher's virtual clock charges every step of a block",
     ),

@@ -316,8 +316,8 @@ class Trainer:
                     for name in shown
                 ]
                 progbar.step_done(current, shown_values)
-            block = {BLOCK_STEPS: float(len(logs["step"])), BLOCK_SECONDS: block_seconds}
-            hooks.on_train_batch_end(done - 1, {**values, **block})
+            call = {BLOCK_STEPS: float(len(logs["step"])), BLOCK_SECONDS: block_seconds}
+            hooks.on_train_batch_end(done - 1, {**values, **call})
         if progbar is not None:
             progbar.close()
         hooks.on_train_end({name: v[-1] for name, v in history.items()} if history else {})
