@@ -230,8 +230,9 @@ class Trainer:
             reaches it (the same step as with 1); `model.stop_training` acts at block
             ends. A host clock charges each step of a block the block's time / its
             steps. The callbacks' logs also hold `block_steps` (the steps the call
-            took) and `block_seconds` (the sum of their `step_time`). If the data run out inside a block, the block's steps taken before
-            are kept (the weights and state have them) but their logs are lost.
+            took) and `block_seconds` (the sum of their `step_time`). If the data run
+            out inside a block, the block's steps taken before are kept (the weights
+            and state have them) but their logs are lost.
 
         Returns:
           The per-step logs, as lists of floats keyed by name (see
@@ -319,8 +320,8 @@ class Trainer:
             call = {BLOCK_STEPS: float(len(logs["step"])), BLOCK_SECONDS: block_seconds}
             # The callbacks one by one, as `CallbackList.on_train_batch_end` does, without
             # its `pythonify_logs`: these logs are Python floats already, and its
-            # `tf.is_tensor` test of each of ~20 values cost ~0.6 ms a step on this
-            # project's CPU machine (docs/step_cost.md).
+            # `tf.is_tensor` test of each of ~20 values was a measurable share of a
+            # step (docs/step_cost.md, "Host code per call").
             batch_logs = {**values, **call}
             for callback in hooks.callbacks:
                 callback.on_train_batch_end(done - 1, batch_logs)
