@@ -251,6 +251,10 @@ class EvaluateEvery(keras.callbacks.Callback):
     evaluate
     >>> action.next_at
     30.0
+    >>> action.on_train_batch_end(9, {"progress": 52.0})  # a block past 30 and 40: once
+    evaluate
+    >>> action.next_at
+    60.0
     """
 
     def __init__(
@@ -266,8 +270,10 @@ class EvaluateEvery(keras.callbacks.Callback):
         self.next_at = (math.floor(progress / every) + 1) * every
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
-        if logs and logs.get("progress", 0.0) >= self.next_at:
-            self.next_at += self.every
+        progress = float(logs.get("progress", 0.0)) if logs else 0.0
+        if math.isfinite(progress) and progress >= self.next_at:
+            # Past every mark this step (or block of steps) crossed: one evaluation.
+            self.next_at = (math.floor(progress / self.every) + 1) * self.every
             self.evaluation(newline=self.newline)
 
 
