@@ -45,6 +45,7 @@ from launch import benchmark_overhead as bench
 # optimizer steps per variant per round, a multiple of each N) are benchmark_overhead's.
 FLAGS = flags.FLAGS
 flags.DEFINE_list("per_call", ["1", "8"], "Optimizer steps per call (steps_per_execution).")
+flags.DEFINE_list("modes", ["estimated", "exact"], "The engine's similarity modes to time.")
 flags.DEFINE_bool(
     "stop_variants",
     False,
@@ -58,14 +59,16 @@ def main(argv) -> None:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     per_call = [int(n) for n in FLAGS.per_call]
     if (
-        min(per_call) < 1
+        not set(FLAGS.modes) <= {"estimated", "exact"}
+        or min(per_call) < 1
         or any(FLAGS.steps % n for n in per_call)
         or len(FLAGS.replicas) != 1
         or len(FLAGS.models) != 1
     ):
         raise app.UsageError(
             "--per_call must be positive integers dividing --steps; one --replicas and one "
-            f"--models. Received: per_call={FLAGS.per_call}, steps={FLAGS.steps}, "
+            "--models; --modes estimated and/or exact. Received: "
+            f"modes={FLAGS.modes}, per_call={FLAGS.per_call}, steps={FLAGS.steps}, "
             f"replicas={FLAGS.replicas}, models={FLAGS.models}"
         )
     replicas, model_kind = int(FLAGS.replicas[0]), FLAGS.models[0]
@@ -110,7 +113,7 @@ def main(argv) -> None:
             n,
         )
         # One replica's exact mode needs k >= 2 micro-steps: not comparable at k = 1.
-        for mode in ("estimated", "exact") if replicas > 1 else ("estimated",):
+        for mode in FLAGS.modes if replicas > 1 else ("estimated",):
             with strategy.scope():
                 model = build_model(model_kind)
                 model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss=make_loss())

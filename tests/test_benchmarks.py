@@ -216,30 +216,21 @@ def test_overhead_benchmark_smoke() -> None:
 
 
 def test_steps_per_execution_benchmark_smoke() -> None:
-    """Every variant at N = 1 and 2 runs or says why not, and each row has both ratios:
-    to stock Keras and to the plain loop at the same N (its denominator where stock
-    Keras cannot run several steps per call)."""
+    """At N = 2 (one mode, to keep it short) the engine's variants and the plain loop run,
+    and each row has its ratio to the plain loop at the same N (the denominator where
+    stock Keras cannot run several steps per call) besides the one to stock Keras."""
     result = script(
         "benchmark_steps_per_execution.py",
         "--replicas=2",
         "--models=small",
         "--rounds=1",
         "--steps=2",
-        "--per_call=1,2",
+        "--per_call=2",
+        "--modes=estimated",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
-    variants = [
-        f"{kind}_{n}"
-        for n in (1, 2)
-        for kind in (
-            "plain",
-            "attach_estimated",
-            "trainer_estimated",
-            "attach_exact",
-            "trainer_exact",
-        )
-    ]
+    variants = ["plain_2", "attach_estimated_2", "trainer_estimated_2"]
     for variant in variants:
         row = next(line for line in rows if line.startswith(f"| {variant} |"))
         assert row.count("|") == 6 and not row.rstrip().endswith("| - |"), row
