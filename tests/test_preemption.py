@@ -165,42 +165,19 @@ def _sigterm(watch: PreemptionWatch) -> None:
         time.sleep(0.01)  # Python runs the handler between bytecodes of the main thread
 
 
-@pytest.mark.parametrize("signal_at", [2, 3])
+@pytest.mark.parametrize(("signal_at", "block", "saved"), [(2, 1, 2), (3, 1, 3), (4, 3, 6)])
 def test_a_signal_at_a_scripted_step_saves_at_the_next_boundary_only(
-    tmp_path: Path, signal_at: int
+    tmp_path: Path, signal_at: int, block: int, saved: int
 ) -> None:
     """The signal is sent during step `signal_at` (scripted, no timing): the save comes at
     that step's boundary, not at a periodic save (every 5 steps) nor at any other step.
-    Expected by hand: ckpt-`signal_at` only, holding that step's value."""
+    With blocks of 3 steps (`train.steps_per_execution=3`) the loop's actions are told of
+    steps 3, 6, 9 only: a signal during step 4 saves at 6, the end of its block (where
+    the periodic save also falls: one checkpoint). Expected by hand: ckpt-`saved` only,
+    holding that step's value."""
     v = tf.Variable(0.0)
     checkpoint = tf.train.Checkpoint(v=v)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=100)
-    watch = PreemptionWatch()
-    try:
-        watch.start(tf.distribute.get_strategy(), manager)
-        action = CheckpointEvery(manager, every=5, restored_step=0, preemption=watch)
-        with pytest.raises(Preempted) as info:
-            for step in range(1, 10):
-                v.assign(float(step))
-                if step == signal_at:
-                    _sigterm(watch)
-                action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
-    finally:
-        watch.close()
-    assert info.value.step == signal_at
-    assert checkpoint_numbers(str(tmp_path)) == [signal_at]
-    value = tf.train.load_checkpoint(info.value.checkpoint).get_tensor(
-        "v/.ATTRIBUTES/VARIABLE_VALUE"
-    )
-    assert value == float(signal_at)
-
-
-def test_with_blocks_of_steps_the_signal_saves_at_the_end_of_its_block(tmp_path: Path) -> None:
-    """`train.steps_per_execution=3`: the loop's actions are told of steps 3, 6, 9. A
-    signal during step 4 saves at 6, the end of its block (where the periodic save,
-    every 5, also falls: one checkpoint), holding step 6's value. Expected by hand."""
-    v = tf.Variable(0.0)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path), max_to_keep=100)
     watch = PreemptionWatch()
     told = []
     try:
@@ -209,16 +186,17 @@ def test_with_blocks_of_steps_the_signal_saves_at_the_end_of_its_block(tmp_path:
         with pytest.raises(Preempted) as info:
             for step in range(1, 10):
                 v.assign(float(step))
-                if step == 4:
+                if step == signal_at:
                     _sigterm(watch)
-                if step % 3 == 0:  # a block's end
+                if step % block == 0:  # a block's end
                     told.append(step)
                     action.on_train_batch_end(step - 1, {"step": step, "consecutive_skips": 0.0})
     finally:
         watch.close()
-    assert told == [3, 6] and info.value.step == 6
-    assert checkpoint_numbers(str(tmp_path)) == [6]
+    assert told == list(range(block, saved + 1, block))
+    assert info.value.step == saved
+    assert checkpoint_numbers(str(tmp_path)) == [saved]
     value = tf.train.load_checkpoint(info.value.checkpoint).get_tensor(
         "v/.ATTRIBUTES/VARIABLE_VALUE"
     )
-    assert value == 6.0
+    assert value == float(saved)
