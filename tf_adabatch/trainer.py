@@ -296,10 +296,8 @@ class Trainer:
                     stacklevel=2,
                 )
                 break
-            block_seconds = 0.0
             for row in zip(*logs.values(), strict=True):
                 values = {name: float(value) for name, value in zip(logs, row, strict=True)}
-                block_seconds += values["step_time"]
                 done += 1
                 for name, value in values.items():
                     history.setdefault(name, []).append(value)
@@ -317,7 +315,10 @@ class Trainer:
                     for name in shown
                 ]
                 progbar.step_done(current, shown_values)
-            call = {BLOCK_STEPS: float(len(logs["step"])), BLOCK_SECONDS: block_seconds}
+            call = {
+                BLOCK_STEPS: float(len(logs["step"])),
+                BLOCK_SECONDS: float(logs["step_time"].sum()),
+            }
             # The callbacks one by one, as `CallbackList.on_train_batch_end` does, without
             # its `pythonify_logs`: these logs are Python floats already, and its
             # `tf.is_tensor` test of each of ~20 values was a measurable share of a

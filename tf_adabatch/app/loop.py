@@ -267,13 +267,17 @@ class EvaluateEvery(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.evaluation, self.every, self.newline = evaluation, every, newline
-        self.next_at = (math.floor(progress / every) + 1) * every
+        self.next_at = self._mark_after(progress)
+
+    def _mark_after(self, progress: float) -> float:
+        """The first multiple of `every` above `progress`."""
+        return (math.floor(progress / self.every) + 1) * self.every
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         progress = float(logs.get("progress", 0.0)) if logs else 0.0
         if math.isfinite(progress) and progress >= self.next_at:
             # Past every mark this step (or block of steps) crossed: one evaluation.
-            self.next_at = (math.floor(progress / self.every) + 1) * self.every
+            self.next_at = self._mark_after(progress)
             self.evaluation(newline=self.newline)
 
 
@@ -371,7 +375,7 @@ class CheckpointEvery(keras.callbacks.Callback):
         guard: records.DivergenceGuard | None = None,
     ) -> None:
         super().__init__()
-        self.manager, self.every, self.restored_step = manager, every, restored_step
+        self.manager, self.every = manager, every
         self.preemption, self.guard = preemption, guard
         self.told = restored_step  # the last step it was told of
         self.saved = restored_step  # the last step saved (or resumed from)
