@@ -10,7 +10,7 @@ schedule of a 10-epoch base-batch run on scale-invariant progress.
 
 from ml_collections import config_dict
 
-from configs import base
+from tf_adabatch.app.configs import base
 
 
 def get_config() -> config_dict.ConfigDict:

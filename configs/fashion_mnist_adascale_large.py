@@ -5,7 +5,7 @@ python launch/train.py --config=configs/fashion_mnist_adascale_large.py --workdi
 
 from ml_collections import config_dict
 
-from configs import base
+from tf_adabatch.app.configs import base
 
 
 def get_config() -> config_dict.ConfigDict:

@@ -8,7 +8,7 @@ epochs (here 2 base epochs of progress).
 
 from ml_collections import config_dict
 
-from configs import base
+from tf_adabatch.app.configs import base
 
 
 def get_config() -> config_dict.ConfigDict:

@@ -16,7 +16,7 @@ scale-invariant progress.
 
 from ml_collections import config_dict
 
-from configs import base
+from tf_adabatch.app.configs import base
 
 
 def get_config() -> config_dict.ConfigDict:

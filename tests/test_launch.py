@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from configs import base
 from tf_adabatch import app, summaries
+from tf_adabatch.app import resources
 from tf_adabatch.app.data import pipeline
 from tf_adabatch.app.models import build_model
 
@@ -219,6 +220,13 @@ def refusals(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
             f"--config={ROOT / 'configs' / 'no_such_config.py'}",
             f"--workdir={root / 'missing'}",
         ],
+        # A shipped config by name (tf_adabatch.app.resources), as from an installed package.
+        "unknown_name": ["--config=synthtic", f"--workdir={root / 'unknown_name'}"],
+        "by_name": [
+            "--config=synthetic",
+            f"--workdir={root / 'by_name'}",
+            "--config.policy.target_similarity=1.3",
+        ],
         "workdir_is_a_file": [f"--config={SYNTHETIC}", f"--workdir={root / 'a_file'}"],
         "no_tpu": [f"--config={SYNTHETIC}", f"--workdir={root / 'tpu'}", "--config.strategy=tpu"],
         # Not run by srun: no SLURM_* variables (the test process has none; checked below).
@@ -250,6 +258,19 @@ def test_mistyped_field_fails_with_a_suggestion(refusals) -> None:
     errors = refused(refusals[1], "mistyped")
     assert len(errors) == 1
     assert errors[0].startswith("error: 'target_similarty' Did you mean \"target_similarity\"")
+
+
+def test_a_config_by_name_is_the_shipped_file_and_an_unknown_name_one_line(refusals) -> None:
+    """`--config=synthetic` loads the packaged synthetic config (its override is checked
+    against that config's fields: the same refusal as with the file's path); a name that
+    is no shipped config stops with one line listing the names."""
+    assert refused(refusals[1], "by_name") == refused(refusals[1], "bad_value")
+    names = ", ".join(resources.config_names())
+    assert "synthetic" in names and "fashion_mnist" in names
+    assert refused(refusals[1], "unknown_name") == [
+        "error: Argument `config` must be a config file or the name of a shipped config "
+        f"({names}). Received: config='synthtic'"
+    ]
 
 
 def test_bad_value_fails_with_one_clear_line(refusals) -> None:

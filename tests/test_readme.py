@@ -18,7 +18,9 @@ def python_blocks() -> list[str]:
 
 
 def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one() -> None:
-    setup = [b.strip() for b in bash_blocks() if "pip install" in b]
+    # The two set-up commands install editable from the checkout; the wheel's path
+    # (tested below) installs non-editable.
+    setup = [b.strip() for b in bash_blocks() if "pip install -e" in b]
     assert len(setup) == 2
     main_job, tests = setup
     assert "launch/train.py --config=configs/fashion_mnist.py" in main_job
@@ -27,6 +29,17 @@ def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one() ->
     assert "pytest" in tests
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert tests in ci.splitlines()
+
+
+def test_the_readme_wheel_path_is_the_one_ci_smokes() -> None:
+    """The README's install-from-wheel commands are what .ci/wheel_smoke runs (there in
+    a fresh virtual environment outside the checkout)."""
+    wheel = [b for b in bash_blocks() if "python -m build" in b]
+    assert len(wheel) == 1
+    smoke = (ROOT / ".ci" / "wheel_smoke").read_text(encoding="utf-8")
+    for needed in ("python -m build", "python -m tf_adabatch.app --config=", "[launch]"):
+        assert needed in wheel[0] and needed in smoke, needed
+    assert "pip install -e" not in smoke
 
 
 def test_the_readme_has_exactly_the_two_quick_starts() -> None:

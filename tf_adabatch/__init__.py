@@ -7,6 +7,14 @@ The public API, in one place:
 True
 """
 
+import os as _os
+
+if "TF_CPP_MIN_LOG_LEVEL" in _os.environ:
+    # TensorFlow prints some C++ start-up lines before it reads the level, twice; honour it.
+    from tf_adabatch._quiet_import import import_tensorflow_quietly as _quiet
+
+    _quiet()
+
 from tf_adabatch import stats
 from tf_adabatch.callbacks import AdaBatchTensorBoard, ProgressBudget
 from tf_adabatch.clock import StepTimeModel, VirtualClock, WallClock

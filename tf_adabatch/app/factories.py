@@ -20,7 +20,7 @@ import ml_collections
 import tensorflow as tf
 
 from tf_adabatch import critical_batch, policies
-from tf_adabatch.app import cluster
+from tf_adabatch.app import cluster, resources
 from tf_adabatch.app.models import build_model
 from tf_adabatch.clock import Clock, StepTimeModel, VirtualClock, WallClock
 from tf_adabatch.schedules import AdaptiveLearningRate
@@ -292,12 +292,9 @@ def make_optimizer(
     )
 
 
-# The measured step-time profiles (launch/fit_profiles.py writes them), beside the configs.
-PROFILES_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "configs",
-    "profiles",
-)
+# The measured step-time profiles (launch/fit_profiles.py writes them), installed with the
+# package (configs/profiles in a checkout).
+PROFILES_DIR = resources.profiles_dir()
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(StepTimeModel))
 
 

@@ -29,16 +29,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tf_adabatch.app import resources
 from tf_adabatch.clock import StepTimeModel
 
 __all__ = ["TRACES", "WORKLOADS", "Errors", "Trace", "errors", "fit", "read_trace", "report"]
 
-TRACES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "configs",
-    "profiles",
-    "pollux_traces",
-)
+# Installed with the package (configs/profiles/pollux_traces in a checkout).
+TRACES = resources.traces_dir()
 # Workload folder -> (profile name, what was measured).
 WORKLOADS = {
     "cifar10": ("cifar10_resnet18_t4", "ResNet-18 on CIFAR-10"),
