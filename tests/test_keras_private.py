@@ -16,9 +16,14 @@ import pytest
 import tensorflow as tf
 
 import tf_adabatch
+from tf_adabatch import _keras_seams as seams
 from tf_adabatch._keras_seams import AllReduceBypass, tf_variable
 
 from conftest import get_strategy
+
+# The installed Keras's (major, minor): the pins below name the release where each
+# behaviour changed, so a Keras that differs from them fails here loudly.
+KERAS = tuple(int(part) for part in keras.__version__.split(".")[:2])
 
 
 def test_optimizer_all_reduces_inside_apply_gradients_through_the_private_method() -> None:
@@ -90,10 +95,30 @@ def test_model_losses_list_added_losses_before_weight_regularizers() -> None:
     ]
     np.testing.assert_allclose(losses[1].numpy(), weight_regs[0].numpy(), rtol=1e-6)
     np.testing.assert_allclose(losses[2].numpy(), weight_regs[1].numpy(), rtol=1e-6)
-    # The activity loss comes first and is normalised by the batch size.
-    np.testing.assert_allclose(
-        losses[0].numpy(), 0.1 * tf.reduce_sum(tf.abs(out1)).numpy() / 5, rtol=1e-6
-    )
+    # The activity loss comes first: divided by the batch size from Keras 3.14 on,
+    # summed over the batch before.
+    summed = 0.1 * tf.reduce_sum(tf.abs(out1)).numpy()
+    expected = summed / 5 if KERAS >= (3, 14) else summed
+    np.testing.assert_allclose(losses[0].numpy(), expected, rtol=1e-6)
+
+
+def test_activity_regularizer_loss_scaling_is_what_the_probe_says() -> None:
+    """`seams.activity_losses_are_batch_means` (which `added_losses` decides on) tells
+    the truth about this Keras: a Dense layer's L2 activity loss over a batch of 6 in a
+    traced function is the per-example mean (Keras >= 3.14) or the batch sum."""
+    means = seams.activity_losses_are_batch_means()
+    assert means == (KERAS >= (3, 14)), (keras.__version__, means)
+    layer = keras.layers.Dense(2, activity_regularizer=keras.regularizers.L2(0.5))
+    x = tf.reshape(tf.range(12, dtype=tf.float32), (6, 2)) / 10.0
+
+    @tf.function
+    def forward(x):
+        out = layer(x)
+        return out, layer.losses[0]
+
+    out, loss = forward(x)
+    summed = 0.5 * float(tf.reduce_sum(tf.square(out)))
+    np.testing.assert_allclose(float(loss), summed / 6 if means else summed, rtol=1e-6)
 
 
 def test_loss_call_is_per_example_and_unscaled_under_a_strategy() -> None:
@@ -244,6 +269,38 @@ def test_fit_epoch_iterator_and_metric_pieces_attach_relies_on() -> None:
     assert float(wrapped(y_true, y_pred + 1.0, sample_weight=tf.fill((4,), 0.5))) == 0.5
 
 
+def test_epoch_iterator_items_are_what_the_probe_says_and_fit_unpacks_them() -> None:
+    """fit's epoch iterator yields `(begin_step, end_step, iterator)` from Keras 3.11 on
+    and `(step, iterator)` before (`seams.epoch_items_are_triples`, a probe on the base
+    `EpochIterator`); TensorFlow's epoch iterator (fit's) yields the same, and fit
+    unpacks that shape and gives the callbacks its steps (`replace_epoch_enumeration`
+    turns the engine's triples into pairs of the end step on the older Keras)."""
+    import inspect
+
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer, TFEpochIterator
+
+    triples = seams.epoch_items_are_triples()
+    assert triples == (KERAS >= (3, 11)), (keras.__version__, triples)
+    epoch_iterator = TFEpochIterator(
+        x=np.zeros((6, 1), "float32"),
+        batch_size=2,
+        steps_per_execution=2,
+        distribute_strategy=tf.distribute.get_strategy(),
+    )
+    items = list(epoch_iterator._enumerate_iterator())
+    if triples:
+        assert [item[:2] for item in items] == [(0, 1), (2, 3)]
+    else:
+        assert [item[0] for item in items] == [0, 2] and {len(item) for item in items} == {2}
+    fit = inspect.getsource(TensorFlowTrainer.fit)
+    if triples:
+        assert "for begin_step, end_step, iterator in epoch_iterator:" in fit
+        assert "callbacks.on_train_batch_end(end_step, logs)" in fit
+    else:
+        assert "for step, iterator in epoch_iterator:" in fit
+        assert "callbacks.on_train_batch_end(step, logs)" in fit
+
+
 def test_profiler_trace_layout_that_launch_profile_step_reads(tmp_path) -> None:
     """launch/profile_step.py reads the profiler's `plugins/profile/*/*.xplane.pb` with
     TensorFlow's `tensorflow.tsl.profiler.protobuf.xplane_pb2` and attributes host-plane
@@ -284,6 +341,7 @@ _PRIVATE_KERAS = re.compile(
     r"|\._enumerate_iterator|\._num_batches|\.data_adapter|def _obj_type|KerasSaveable"
     r"|LossFunctionWrapper|global_state|unscale_loss_for_distribution|get_metric\("
     r"|_reduce_optimizer_lr|_update_optimizer_lr|_estimate_step_duration"
+    r"|\._flatten_layers|\._values\b"
 )
 
 
@@ -341,12 +399,18 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
 ):
     """`ReduceLROnPlateau` and `LearningRateScheduler` read and set the learning rate in
     `_reduce_optimizer_lr` / `_update_optimizer_lr`, given `model.optimizer`: redirected
-    there, a float-rate optimizer's rate is untouched and the target's changes."""
+    there, a float-rate optimizer's rate is untouched and the target's changes. Keras
+    has these methods from 3.15 on (`seams.lr_callbacks_redirectable`); before, the
+    redirection refuses (next test)."""
     from tf_adabatch._keras_seams import (
         RedirectedLearningRateScheduler,
         RedirectedReduceLROnPlateau,
         redirecting_subclass,
     )
+
+    assert seams.lr_callbacks_redirectable() == (KERAS >= (3, 15)), keras.__version__
+    if not seams.lr_callbacks_redirectable():
+        pytest.skip(f"Keras {keras.__version__} < 3.15: pinned by the refusal test below")
 
     class Target:
         learning_rate = 0.4
@@ -380,14 +444,50 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
     assert target.learning_rate == pytest.approx(0.2)
 
 
+def test_keras_learning_rate_callbacks_before_3_15_set_the_optimizer_inline() -> None:
+    """Before Keras 3.15 the callbacks set `self.model.optimizer.learning_rate` in their
+    epoch hooks, with no method to redirect: an override of `_reduce_optimizer_lr` /
+    `_update_optimizer_lr` would never be called (tf_adabatch's callbacks would
+    silently do nothing), so a needed redirection refuses at `set_model`."""
+    import inspect
+
+    if seams.lr_callbacks_redirectable():
+        pytest.skip(f"Keras {keras.__version__} >= 3.15: pinned by the test above")
+    assert KERAS < (3, 15)
+    for cls, hook in (
+        (keras.callbacks.ReduceLROnPlateau, "on_epoch_end"),
+        (keras.callbacks.LearningRateScheduler, "on_epoch_begin"),
+    ):
+        assert "self.model.optimizer.learning_rate = " in inspect.getsource(getattr(cls, hook))
+
+    class Target:
+        learning_rate = 0.4
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.zeros((8, 1), "float32")
+    redirected = seams.RedirectedReduceLROnPlateau(monitor="loss", patience=0, min_delta=1e9)
+    redirected.lr_target = lambda optimizer: Target()
+    with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.15.*Received: keras"):
+        model.fit(x, x, epochs=2, verbose=0, callbacks=[redirected])
+    # Without a redirection it is Keras's own callback.
+    plain = seams.RedirectedReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
+    model.fit(x, x, epochs=2, verbose=0, callbacks=[plain])
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+
+
 def test_progbar_takes_its_time_per_unit_from_the_private_estimate_and_formats_counts(
     capsys,
 ) -> None:
     """`Progbar.update` prints the time per unit `_estimate_step_duration` returns (the
     ETA is built on it), and formats a stateful value as `value / 1` with `.4f` (which
-    the trainer's whole-number count overrides)."""
+    the trainer's whole-number count overrides). Before Keras 3.13 the bar converts the
+    value to a float first (`seams.progbar_keeps_value_format`), and `StepTimedProgbar`
+    keeps the count whole itself."""
     from tf_adabatch._keras_seams import StepTimedProgbar
     from tf_adabatch.trainer import _Whole
+
+    assert seams.progbar_keeps_value_format() == (KERAS >= (3, 13)), keras.__version__
 
     bar = StepTimedProgbar(100, stateful_metrics=["step"], unit_name="base step", interval=0)
     bar.timed_from = (0.0, 0.0)
@@ -396,3 +496,8 @@ def test_progbar_takes_its_time_per_unit_from_the_private_estimate_and_formats_c
     line = capsys.readouterr().out
     assert "7s/base step" in line and "10:30" in line  # ETA 7 s x 90 = 10 min 30 s
     assert "step: 279" in line and "279.0000" not in line
+    # Keras's own bar: a whole count on Keras >= 3.13, four decimals before.
+    plain = keras.utils.Progbar(100, stateful_metrics=["step"], interval=0)
+    plain.update(10, [("step", _Whole(279.0))])
+    line = capsys.readouterr().out
+    assert ("279.0000" not in line) == (KERAS >= (3, 13)), line

@@ -5,20 +5,43 @@ optimizer's internal all-reduce, reading its schedule, telling added losses from
 regularizers, updating compiled metrics per micro-batch, replacing `fit`'s train
 function and epoch enumeration, and saving extra variables with the model. Each seam
 below is one small function or class, with what it relies on; every one was checked on
-**Keras 3.15.1 with TensorFlow 2.21.0** (the newest versions setup.py allows), and each
+**Keras 3.15.1 with TensorFlow 2.21.0** (the newest versions setup.py allows) and on
+the floor and a middle pair of `.ci/version_matrix.sh` (docs/versions.md), and each
 is pinned by a test in `tests/test_keras_private.py`, which fails loudly when an
 upgrade changes it. Raise the version bounds in setup.py only when that test passes.
 
 No other module of the package imports `keras.src` or touches a private Keras
 attribute (`tests/test_keras_private.py::test_private_keras_names_live_in_one_module`).
+
+Keras 3.8 to 3.15 differ in four behaviours the package meets; each is told apart here
+by a feature test of the installed Keras (a small probe of the behaviour, never its
+version number), and handled here alone:
+
+- fit's epoch iterator yields `(step, iterator)` before Keras 3.11 and
+  `(begin_step, end_step, iterator)` from 3.11 on (`epoch_items_are_triples`);
+- a layer's activity-regularizer loss is summed over the batch before Keras 3.14 and
+  divided by the batch size from 3.14 on (`activity_losses_are_batch_means`): the
+  engine refuses activity regularizers on the older behaviour (see `added_losses`);
+- `ReduceLROnPlateau` / `LearningRateScheduler` reach the optimizer through an
+  overridable method only from Keras 3.15 (`lr_callbacks_redirectable`): before, the
+  redirection to an `AdaptiveLearningRate`'s base rate raises (`refuse_unredirectable`);
+- the progress bar keeps a stateful value's own formatting (`step: 279`) only from
+  Keras 3.13 on (`progbar_keeps_value_format`); before, `StepTimedProgbar` keeps it.
+
+Each probe's answer is pinned by a test in `tests/test_keras_private.py` that names the
+Keras versions it expects, so a Keras that differs fails there first.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Callable, Iterator
+from contextlib import redirect_stdout
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.backend.common import global_state
 from keras.src.losses.loss import unscale_loss_for_distribution
@@ -32,14 +55,20 @@ __all__ = [
     "RedirectedReduceLROnPlateau",
     "Saveable",
     "StepTimedProgbar",
+    "activity_losses_are_batch_means",
     "added_losses",
     "epoch_data_adapter",
+    "epoch_items_are_triples",
+    "epoch_iterators",
     "install_fit_hooks",
     "learning_rate_schedule",
+    "lr_callbacks_redirectable",
     "new_epoch_iterator",
     "optimizer_chain",
+    "progbar_keeps_value_format",
     "redirecting_subclass",
     "reducing_loss",
+    "refuse_unredirectable",
     "register_saveable_type",
     "replace_epoch_enumeration",
     "resolve_metric",
@@ -48,6 +77,17 @@ __all__ = [
     "undo_replica_scaling",
     "update_loss_and_metrics",
 ]
+
+
+def _needs_keras(feature: str, version: str, why: str) -> RuntimeError:
+    """The error for a feature the installed Keras cannot give, naming the version that
+    can. A plain `RuntimeError`: raised while a step is traced, autograph re-raises
+    only built-in types as they are (a subclass would arrive as a `StagingError`)."""
+    return RuntimeError(
+        f"{feature} needs Keras >= {version}: {why} Upgrade Keras "
+        f"(`pip install 'keras>={version}'`). Received: keras.__version__={keras.__version__!r}"
+    )
+
 
 # ----------------------------------------------------------------- optimizer
 
@@ -106,6 +146,27 @@ def learning_rate_schedule(optimizer: Any) -> Any:
 # --------------------------------------------------------------- model, losses
 
 
+@functools.cache
+def activity_losses_are_batch_means() -> bool:
+    """Whether a layer's activity-regularizer loss is divided by the batch size (Keras
+    >= 3.14) rather than summed over the batch (Keras 3.8 - 3.13).
+
+    A feature test: an L1(1) activity regularizer on an identity layer over a batch of
+    two ones. Pinned by `test_activity_regularizer_loss_scaling_is_what_the_probe_says`.
+    """
+    with tf.init_scope():  # eager, also when first asked while a step is traced
+        layer = keras.layers.Identity(activity_regularizer=keras.regularizers.L1(1.0))
+        layer(np.ones((2, 1), "float32"))
+        value = float(keras.ops.convert_to_numpy(layer.losses[0]))
+    if value not in (1.0, 2.0):
+        raise RuntimeError(
+            "tf_adabatch does not know this Keras's activity-regularizer scaling "
+            f"(L1(1) over a batch of two ones gave {value}, expected 1 or 2). "
+            f"Received: keras.__version__={keras.__version__!r}"
+        )
+    return value == 1.0
+
+
 def added_losses(model: keras.Model, variables: list[Any]) -> list[Any]:
     """The activity / `add_loss` losses of the model's last forward pass.
 
@@ -113,7 +174,34 @@ def added_losses(model: keras.Model, variables: list[Any]) -> list[Any]:
     followed by one loss per regularized trainable weight; the last ones are dropped
     here (the engine applies weight regularizers once per step). Pinned by
     `test_model_losses_list_added_losses_before_weight_regularizers`.
+
+    Activity regularizers: the engine adds these losses per micro-batch and averages
+    over a step's micro-batches, which equals one device's large batch exactly when a
+    layer's activity loss is a per-example mean (Keras >= 3.14). Before Keras 3.14 it
+    is a sum over the batch, so the one-device reference itself would weigh the
+    regularizer by the batch size, and under an adaptive batch its strength would
+    change with every batch decision; the engine cannot tell those losses apart from
+    other `add_loss` losses there to rescale them. So on such a Keras a model with an
+    activity regularizer is refused (`RuntimeError`, raised while the step is
+    traced, before any update) instead of trained differently.
+
+    Raises:
+        RuntimeError: a layer has an activity regularizer and Keras sums
+            activity losses over the batch (before 3.14).
     """
+    if not activity_losses_are_batch_means():
+        regularized = [
+            layer.name
+            for layer in model._flatten_layers(include_self=True)
+            if getattr(layer, "activity_regularizer", None) is not None
+        ]
+        if regularized:
+            raise _needs_keras(
+                f"An activity regularizer (on layer {regularized[0]!r}) under tf_adabatch",
+                "3.14",
+                "before it, Keras sums a layer's activity loss over the batch instead of "
+                "averaging it, so its weight would follow the adaptive batch size.",
+            )
     losses = model.losses
     n_weight = sum(1 for v in variables if getattr(v, "regularizer", None) is not None)
     return list(losses[: len(losses) - n_weight])
@@ -215,6 +303,33 @@ def epoch_data_adapter(epoch_iterator: Any) -> Any:
     return epoch_iterator.data_adapter
 
 
+@functools.cache
+def epoch_items_are_triples() -> bool:
+    """Whether fit's epoch iterator yields `(begin_step, end_step, iterator)` (Keras >=
+    3.11) rather than `(step, iterator)` (Keras 3.8 - 3.10); fit unpacks what it yields.
+
+    A feature test on a two-example `EpochIterator`. Pinned by
+    `test_epoch_iterator_items_are_what_the_probe_says_and_fit_unpacks_them`.
+    """
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    probe = EpochIterator(x=np.zeros((2, 1), "float32"), batch_size=1)
+    item = next(iter(probe._enumerate_iterator()))
+    if len(item) not in (2, 3):
+        raise RuntimeError(
+            "tf_adabatch does not know this Keras's epoch iterator: it yields items of "
+            f"{len(item)} parts (expected 2 or 3). Received: keras.__version__={keras.__version__!r}"
+        )
+    return len(item) == 3
+
+
+def epoch_iterators(epoch_iterator: Any) -> Iterator[Any]:
+    """The data iterators of fit's epoch iterator, one per item it yields (the last
+    part of a pair or a triple, see `epoch_items_are_triples`)."""
+    for item in epoch_iterator:
+        yield item[-1]
+
+
 def new_epoch_iterator(epoch_iterator: Any) -> Iterator[Any]:
     """A fresh iterator over the epoch's (distributed) batches. Seam: `_get_iterator`."""
     return iter(epoch_iterator._get_iterator())
@@ -223,12 +338,18 @@ def new_epoch_iterator(epoch_iterator: Any) -> Iterator[Any]:
 def replace_epoch_enumeration(
     epoch_iterator: Any, enumerate_steps: Callable[[], Iterator[Any]]
 ) -> None:
-    """Makes `fit`'s epoch iterator yield `enumerate_steps()` (one item per optimizer
-    step) with an unknown number of steps per epoch.
+    """Makes `fit`'s epoch iterator yield `enumerate_steps()` (one item per call of the
+    train function, `(begin_step, end_step, iterator)`) with an unknown number of
+    steps per epoch.
 
-    Seam: `fit` loops over `epoch_iterator._enumerate_iterator()` (items
-    `(begin_step, end_step, iterator)`), and `reset` restores `_num_batches` each
-    epoch. Pinned by `test_fit_epoch_iterator_and_metric_pieces_attach_relies_on`.
+    Seam: `fit` loops over `epoch_iterator._enumerate_iterator()`, and `reset` restores
+    `_num_batches` each epoch. Keras 3.11 on unpacks `(begin_step, end_step, iterator)`
+    and tells the callbacks the begin step at a batch's begin and the end step at its
+    end; before 3.11 fit unpacks `(step, iterator)` and gives that one step to both, so
+    there the items become `(end_step, iterator)`: the step a call ends on, which is
+    what the progress bar and `on_train_batch_end` count (`epoch_items_are_triples`).
+    Pinned by `test_fit_epoch_iterator_and_metric_pieces_attach_relies_on` and
+    `test_epoch_iterator_items_are_what_the_probe_says_and_fit_unpacks_them`.
     """
     reset = epoch_iterator.reset
 
@@ -236,7 +357,12 @@ def replace_epoch_enumeration(
         reset()
         epoch_iterator._num_batches = None
 
-    epoch_iterator._enumerate_iterator = enumerate_steps
+    def as_pairs() -> Iterator[tuple[int, Any]]:
+        for _, end_step, iterator in enumerate_steps():
+            yield end_step, iterator
+
+    triples = epoch_items_are_triples()
+    epoch_iterator._enumerate_iterator = enumerate_steps if triples else as_pairs
     epoch_iterator.reset = reset_unknown_length
 
 
@@ -277,16 +403,63 @@ def register_saveable_type(obj_type: str) -> None:
 # ------------------------------------------------------- learning-rate callbacks
 
 
+@functools.cache
+def lr_callbacks_redirectable() -> bool:
+    """Whether Keras's `ReduceLROnPlateau` and `LearningRateScheduler` reach the
+    optimizer's learning rate through `_reduce_optimizer_lr` / `_update_optimizer_lr`
+    (Keras >= 3.15), which the classes below override. Before 3.15 they read and set
+    `self.model.optimizer.learning_rate` inline, and the override is never called.
+
+    A feature test (the methods exist). Pinned by
+    `test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_private_methods`
+    (they are called, and redirect) and
+    `test_learning_rate_redirection_refuses_on_a_keras_without_the_methods`.
+    """
+    return hasattr(keras.callbacks.ReduceLROnPlateau, "_reduce_optimizer_lr") and hasattr(
+        keras.callbacks.LearningRateScheduler, "_update_optimizer_lr"
+    )
+
+
+def refuse_unredirectable(name: str, model: Any, lr_target: Callable[[Any], Any]) -> None:
+    """Raises if `model`'s optimizer needs a redirection (`lr_target(optimizer)` is not
+    the optimizer) that this Keras's learning-rate callbacks cannot take.
+
+    Called from `set_model`, which `fit` (through its `CallbackList`) calls before the
+    first epoch: the refusal comes before any training, never a callback that silently
+    does nothing.
+
+    Raises:
+        RuntimeError: a redirection is needed and Keras is older than 3.15.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or lr_callbacks_redirectable():
+        return
+    if lr_target(optimizer) is not optimizer:
+        raise _needs_keras(
+            f"`{name}` on an optimizer with a bound `tf_adabatch.AdaptiveLearningRate` "
+            "(setting its base rate)",
+            "3.15",
+            "before it, Keras's learning-rate callbacks set `model.optimizer.learning_rate` "
+            "inline, where tf_adabatch cannot redirect them to the base rate.",
+        )
+
+
 class RedirectedReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     """Keras's `ReduceLROnPlateau`, reading and setting `lr_target(optimizer).learning_rate`.
 
     Relies on: Keras reaches the optimizer's learning rate only in
-    `_reduce_optimizer_lr(optimizer, epoch, name)`, called with `model.optimizer`.
+    `_reduce_optimizer_lr(optimizer, epoch, name)`, called with `model.optimizer`
+    (Keras >= 3.15; before, `set_model` refuses a needed redirection:
+    `refuse_unredirectable`).
     """
 
     def lr_target(self, optimizer: Any) -> Any:
         """What to read and set `learning_rate` on (default: the optimizer)."""
         return optimizer
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        refuse_unredirectable(type(self).__name__, model, self.lr_target)
 
     def _reduce_optimizer_lr(self, optimizer: Any, epoch: int, name: str = "") -> bool:
         return bool(super()._reduce_optimizer_lr(self.lr_target(optimizer), epoch, name))
@@ -296,12 +469,17 @@ class RedirectedLearningRateScheduler(keras.callbacks.LearningRateScheduler):
     """Keras's `LearningRateScheduler`, reading and setting `lr_target(optimizer).learning_rate`.
 
     Relies on: Keras reaches the optimizer's learning rate only in
-    `_update_optimizer_lr(optimizer, epoch)`, called with `model.optimizer`.
+    `_update_optimizer_lr(optimizer, epoch)`, called with `model.optimizer` (Keras >=
+    3.15; before, `set_model` refuses a needed redirection: `refuse_unredirectable`).
     """
 
     def lr_target(self, optimizer: Any) -> Any:
         """What to read and set `learning_rate` on (default: the optimizer)."""
         return optimizer
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        refuse_unredirectable(type(self).__name__, model, self.lr_target)
 
     def _update_optimizer_lr(self, optimizer: Any, epoch: int) -> Any:
         return super()._update_optimizer_lr(self.lr_target(optimizer), epoch)
@@ -310,7 +488,8 @@ class RedirectedLearningRateScheduler(keras.callbacks.LearningRateScheduler):
 def redirecting_subclass(cls: Any, lr_target: Callable[[Any], Any]) -> type | None:
     """A subclass of `cls` (a user's subclass of Keras's `ReduceLROnPlateau` or
     `LearningRateScheduler`) whose learning-rate access goes to `lr_target(optimizer)`;
-    None if `cls` is neither (same reliance as the Redirected classes)."""
+    None if `cls` is neither (same reliance as the Redirected classes, and the same
+    refusal before Keras 3.15)."""
     attrs: dict[str, Any] = {}
     if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
 
@@ -324,20 +503,104 @@ def redirecting_subclass(cls: Any, lr_target: Callable[[Any], Any]) -> type | No
             return cls._update_optimizer_lr(self, lr_target(optimizer), epoch)
 
         attrs["_update_optimizer_lr"] = update
-    return type(cls.__name__, (cls,), attrs) if attrs else None
+    if not attrs:
+        return None
+
+    def set_model(self: Any, model: Any) -> None:
+        cls.set_model(self, model)
+        refuse_unredirectable(cls.__name__, model, lr_target)
+
+    attrs["set_model"] = set_model
+    return type(cls.__name__, (cls,), attrs)
 
 
 # ------------------------------------------------------------------ progress bar
+
+
+class _Marked(float):
+    """A float that keeps its type through `/` and formats as "kept" (the probe's)."""
+
+    def __truediv__(self, other: Any) -> _Marked:
+        return _Marked(float(self) / other)
+
+    def __format__(self, spec: str) -> str:
+        return "kept"
+
+
+@functools.cache
+def progbar_keeps_value_format() -> bool:
+    """Whether Keras's progress bar formats a stateful value of a float subclass (one
+    whose `/` keeps its type: the bar divides by a count of 1) with the subclass's own
+    `__format__` (Keras >= 3.13; `step: 279`), rather than converting it to a plain
+    float first (Keras 3.8 - 3.12; `step: 279.0000`).
+
+    A feature test: one update of a bar, its output captured. Pinned by
+    `test_progbar_takes_its_time_per_unit_from_the_private_estimate_and_formats_counts`.
+    """
+    bar = keras.utils.Progbar(2, stateful_metrics=["v"], verbose=1, interval=0)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        bar.update(1, [("v", _Marked(1.0))])
+    return "v: kept" in out.getvalue()
+
+
+def _formats_itself(value: Any) -> bool:
+    return (
+        isinstance(value, float)
+        and not isinstance(value, np.generic)
+        and type(value).__format__ is not float.__format__
+    )
+
+
+class _OwnFormat:
+    """A stateful value as Keras < 3.13's progress bar stores it (`[value, 1]`, read by
+    index), printed with the value's own format (the bar prints a non-list as is)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.value, 1)[index]
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class _OwnFormatValues(dict[str, Any]):
+    """The bar's `_values` where a stateful value that formats itself is kept whole."""
+
+    def __init__(self, stateful: Any) -> None:
+        super().__init__()
+        self._stateful = stateful
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if (
+            key in self._stateful
+            and isinstance(value, list)
+            and len(value) == 2
+            and value[1] == 1
+            and _formats_itself(value[0])
+        ):
+            value = _OwnFormat(value[0])
+        super().__setitem__(key, value)
 
 
 class StepTimedProgbar(keras.utils.Progbar):
     """Keras's progress bar whose time per unit is measured from `timed_from` on.
 
     Relies on: `Progbar.update` takes its time per unit (shown, and behind the ETA)
-    from `_estimate_step_duration(current, now)`.
+    from `_estimate_step_duration(current, now)`. A stateful value of a float subclass
+    with its own `__format__` is printed with it on every Keras (before 3.13 Keras
+    converts it to a float first: `progbar_keeps_value_format`; the bar's `_values`
+    then keeps it whole, which Keras's one-line display prints as is).
     """
 
     timed_from: tuple[float, float] | None = None  # (current, time) where timing starts
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not progbar_keeps_value_format():
+            self._values = _OwnFormatValues(self.stateful_metrics)
 
     def _estimate_step_duration(self, current: float, now: float) -> float:
         start = self.timed_from

@@ -324,7 +324,7 @@ class _FitBinding:
         """
         strategy = self.engine.strategy
         if iterator is not None:
-            for _, _, it in iterator:
+            for it in seams.epoch_iterators(iterator):
                 batch = next(it)
                 data_batch = tf.nest.map_structure(
                     lambda v: (
