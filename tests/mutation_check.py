@@ -790,6 +790,27 @@ MUTANTS = [
         ("tf_adabatch/app/loop.py::tf_adabatch.app.loop.bits_per_byte",),
         "bits per byte is the cross-entropy in nats divided by ln 2",
     ),
+    # ------------------------------------------- issue 42: saying what went wrong
+    Mutant(
+        "evaluation_empty_replica_counts_nan",
+        "tf_adabatch/evaluation.py",
+        "loss = tf.where(batch > 0, tf.reduce_mean(loss), 0.0)",
+        "loss = tf.reduce_mean(loss)",
+        (
+            "tests/test_trainer_evaluate.py::test_batches_smaller_than_or_not_divisible_by_the_replicas_match_one_replica",
+        ),
+        "a replica without examples must add nothing to the loss (its mean over none is NaN)",
+    ),
+    Mutant(
+        "non_finite_evaluation_called_divergence",
+        "tf_adabatch/app/loop.py",
+        "        if math.isfinite(on_train):",
+        "        if False:",
+        (
+            "tests/test_honest_failures.py::test_a_non_finite_test_set_with_a_finite_training_loss_is_not_called_a_divergence",
+        ),
+        "a non-finite test loss is a divergence only if training's loss is not finite too",
+    ),
 ]
 
 

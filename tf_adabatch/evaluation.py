@@ -92,6 +92,11 @@ class Evaluation:
                 for extra in model.losses:
                     loss = loss + tf.cast(extra, tf.float32)
                 batch = tf.shape(next(v for v in tf.nest.flatten(x) if v is not None))[0]
+                # A replica may get no example (a global batch smaller than the replicas,
+                # or the last one's remainder): its loss is then an empty tensor, whose
+                # mean in the tracker is NaN and spoils the sum of the replicas. It adds
+                # nothing instead (a scalar 0 of weight 0).
+                loss = tf.where(batch > 0, tf.reduce_mean(loss), 0.0)
                 tracker.update_state(loss, sample_weight=batch)
                 for _, metric, weighted in entries:
                     metric.update_state(

@@ -797,7 +797,16 @@ def _run_locked(
         if not multi_worker:
             raise
         raise workers.worker_lost(err, chief_dir) from err
-    _check_converging(trainer, guard, result, own_dir)
+    train_check = pipeline.eval_dataset(
+        x[: len(x_test)], y[: len(x_test)], config.train.eval_batch_size
+    )
+    _check_converging(
+        trainer,
+        guard,
+        result,
+        own_dir,
+        train_loss=lambda: trainer.evaluate(train_check, metrics=evaluation.metrics)["loss"],
+    )
     metrics = write_metrics(
         os.path.join(outdir, "metrics.json"),
         trainer,
@@ -833,11 +842,23 @@ def _check_converging(
     guard: records.DivergenceGuard,
     result: dict[str, float],
     directory: str,
+    *,
+    train_loss: Callable[[], float],
 ) -> None:
-    """A run that ends exploding, skipping, or with a non-finite test loss has diverged.
+    """A run that ends exploding, skipping, or with a non-finite test loss has diverged;
+    a non-finite test loss only if training's own loss says so too.
+
+    Args:
+      trainer, guard: the run's.
+      result: the final evaluation.
+      directory: this process's checkpoints.
+      train_loss: the loss of the final weights on training examples; called only
+        when the test result is not finite and nothing else showed a divergence.
 
     Raises:
       Diverged: with what was seen and the checkpoint to go back to.
+      EvaluationNotFinite: the test result is not finite while the training loss at
+        the same weights is: training did not diverge, no checkpoint is set aside.
     """
     state = trainer.state
     applied, skipped = int(state.steps.numpy()), int(state.skipped_steps.numpy())
@@ -854,7 +875,23 @@ def _check_converging(
             f"{applied} applied, {skipped} skipped in all)"
         )
     elif not all(math.isfinite(v) for v in result.values()):
-        reason = f"its test loss is not finite ({result})"
+        # Training's own loss decides whether the weights diverged: a test set (or an
+        # evaluation) can be non-finite on weights that train well.
+        on_train = float(train_loss())
+        if math.isfinite(on_train):
+            numbers = checkpoints.checkpoint_numbers(directory)
+            kept = f"ckpt-{numbers[0]}" if numbers else "none"
+            raise records.EvaluationNotFinite(
+                f"The test evaluation is not finite ({result}) while the training loss "
+                f"at the same weights is ({on_train:.4g}): training did not diverge, and "
+                f"no checkpoint was set aside (newest: {kept}). Look at the test set and "
+                "the evaluation (config.train.eval_batch_size, the dataset); a rerun "
+                "resumes from the newest checkpoint and evaluates again."
+            )
+        reason = (
+            f"its test loss is not finite ({result}), nor is its training loss at the "
+            f"same weights ({on_train:.4g})"
+        )
     else:
         return
     guard.set_aside_suspects(checkpoints.checkpoint_numbers(directory))

@@ -25,7 +25,14 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["RECORD_KEY", "Diverged", "DivergenceGuard", "RunRecord", "stored_fingerprint"]
+__all__ = [
+    "RECORD_KEY",
+    "Diverged",
+    "DivergenceGuard",
+    "EvaluationNotFinite",
+    "RunRecord",
+    "stored_fingerprint",
+]
 
 # The record's name in the launcher's checkpoints.
 RECORD_KEY = "run"
@@ -37,6 +44,18 @@ class Diverged(RuntimeError):
     `launch/train.py` exits 3, as on `NonFiniteGradientsError`.
 
     >>> issubclass(Diverged, RuntimeError)
+    True
+    """
+
+
+class EvaluationNotFinite(Diverged):
+    """The final test evaluation is not finite while training's loss at the same weights
+    is: the weights did not diverge (no checkpoint is set aside), the evaluation failed.
+
+    A `Diverged` for the callers that stop on it (`launch/train.py` exits 3 with its
+    message), whose message says that training did not diverge.
+
+    >>> issubclass(EvaluationNotFinite, Diverged)
     True
     """
 
