@@ -398,10 +398,10 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
     None
 ):
     """`ReduceLROnPlateau` and `LearningRateScheduler` read and set the learning rate in
-    `_reduce_optimizer_lr` / `_update_optimizer_lr`, given `model.optimizer`: redirected
-    there, a float-rate optimizer's rate is untouched and the target's changes. Keras
-    has these methods from 3.15 on (`seams.lr_callbacks_redirectable`); before, the
-    redirection refuses (next test)."""
+    `_reduce_optimizer_lr` / `_update_optimizer_lr`, given `model.optimizer` (Keras >=
+    3.15), or inline through `self.model.optimizer` in their epoch hooks (before; the
+    next test): redirected either way, a float-rate optimizer's rate is untouched, the
+    target's changes, and the logged `learning_rate` is the optimizer's."""
     from tf_adabatch._keras_seams import (
         RedirectedLearningRateScheduler,
         RedirectedReduceLROnPlateau,
@@ -409,8 +409,6 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
     )
 
     assert seams.lr_callbacks_redirectable() == (KERAS >= (3, 15)), keras.__version__
-    if not seams.lr_callbacks_redirectable():
-        pytest.skip(f"Keras {keras.__version__} < 3.15: pinned by the refusal test below")
 
     class Target:
         learning_rate = 0.4
@@ -428,10 +426,15 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
         RedirectedReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
     )
     scheduler = redirect(RedirectedLearningRateScheduler(lambda epoch, lr: lr + 1.0))
-    model.fit(x, x, epochs=2, verbose=0, callbacks=[reduce, scheduler])
+    logged = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logged.append(logs["learning_rate"])
+    )
+    model.fit(x, x, epochs=2, verbose=0, callbacks=[reduce, scheduler, record])
     # Two epochs: the scheduler adds 1 at each start, the plateau halves after epoch 2.
     assert target.learning_rate == pytest.approx(((0.4 + 1.0) + 1.0) * 0.5)
     assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+    assert logged == pytest.approx([0.1, 0.1])
 
     class Users(keras.callbacks.ReduceLROnPlateau):
         pass
@@ -444,36 +447,27 @@ def test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_priv
     assert target.learning_rate == pytest.approx(0.2)
 
 
-def test_keras_learning_rate_callbacks_before_3_15_set_the_optimizer_inline() -> None:
-    """Before Keras 3.15 the callbacks set `self.model.optimizer.learning_rate` in their
-    epoch hooks, with no method to redirect: an override of `_reduce_optimizer_lr` /
-    `_update_optimizer_lr` would never be called (tf_adabatch's callbacks would
-    silently do nothing), so a needed redirection refuses at `set_model`."""
+def test_keras_learning_rate_callbacks_touch_the_optimizer_where_the_seams_expect() -> None:
+    """Keras >= 3.15: the epoch hooks call the private methods with `model.optimizer`.
+    Before: they read and set `self.model.optimizer.learning_rate` inline, and
+    `Callback.set_model` sets what `self.model` returns (so `redirect_epoch_hook` can
+    show them a model whose optimizer is the target)."""
     import inspect
 
+    plateau = inspect.getsource(keras.callbacks.ReduceLROnPlateau.on_epoch_end)
+    scheduler = inspect.getsource(keras.callbacks.LearningRateScheduler.on_epoch_begin)
     if seams.lr_callbacks_redirectable():
-        pytest.skip(f"Keras {keras.__version__} >= 3.15: pinned by the test above")
-    assert KERAS < (3, 15)
-    for cls, hook in (
-        (keras.callbacks.ReduceLROnPlateau, "on_epoch_end"),
-        (keras.callbacks.LearningRateScheduler, "on_epoch_begin"),
-    ):
-        assert "self.model.optimizer.learning_rate = " in inspect.getsource(getattr(cls, hook))
-
-    class Target:
-        learning_rate = 0.4
-
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    x = np.zeros((8, 1), "float32")
-    redirected = seams.RedirectedReduceLROnPlateau(monitor="loss", patience=0, min_delta=1e9)
-    redirected.lr_target = lambda optimizer: Target()
-    with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.15.*Received: keras"):
-        model.fit(x, x, epochs=2, verbose=0, callbacks=[redirected])
-    # Without a redirection it is Keras's own callback.
-    plain = seams.RedirectedReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
-    model.fit(x, x, epochs=2, verbose=0, callbacks=[plain])
-    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+        assert "self._reduce_optimizer_lr(" in plateau
+        assert "self._update_optimizer_lr(" in scheduler
+    else:
+        assert KERAS < (3, 15)
+        for source in (plateau, scheduler):
+            assert "self.model.optimizer.learning_rate = " in source
+            assert "_optimizer_lr(" not in source
+        callback = keras.callbacks.Callback()
+        view = object()
+        keras.callbacks.Callback.set_model(callback, view)
+        assert callback.model is view
 
 
 def test_progbar_takes_its_time_per_unit_from_the_private_estimate_and_formats_counts(

@@ -1,11 +1,12 @@
-"""What tf_adabatch does where Keras 3.8 - 3.15 differ (`tf_adabatch/_keras_seams.py`).
+"""What tf_adabatch does where Keras 3.10 - 3.15 differ (`tf_adabatch/_keras_seams.py`).
 
 Each seam decides on a probe of the installed Keras (`epoch_items_are_triples`,
 `activity_losses_are_batch_means`, `lr_callbacks_redirectable`); the probes' answers
 are pinned per Keras release in tests/test_keras_private.py. Here each probe is set to
-the older Keras's answer (monkeypatch), so these tests check the seams' handling of the
-older behaviour on every Keras, the newest included, and fail if a shim is removed.
-On a Keras that really has the older behaviour the probe gives that answer itself.
+the older Keras's answer (monkeypatch; the learning-rate callbacks' epoch hooks also
+take the older Keras's form), so these tests check the seams' handling of the older
+behaviour on every Keras, the newest included, and fail if a shim is removed. On a
+Keras that really has the older behaviour the probe gives that answer itself.
 """
 
 from __future__ import annotations
@@ -123,48 +124,89 @@ def test_without_an_activity_regularizer_the_older_scaling_changes_nothing(monke
 # --------------------------------------------------------- learning-rate callbacks
 
 
-def attached_with_adaptive_rate():
-    model = model_of(rate=tf_adabatch.AdaptiveLearningRate(0.05))
-    return model, tf_adabatch.attach(model, micro_batch_size=M)
+def keras_before_3_15(monkeypatch) -> None:
+    """Keras's learning-rate callbacks as before 3.15 (abridged): the epoch hooks read
+    and set `self.model.optimizer.learning_rate` inline (a plateau after every epoch but
+    the first), and the probe says so."""
+
+    def plateau_end(self, epoch, logs=None):
+        logs = logs or {}
+        logs["learning_rate"] = float(self.model.optimizer.learning_rate)
+        if epoch > 0:
+            rate = float(self.model.optimizer.learning_rate)
+            self.model.optimizer.learning_rate = max(rate * self.factor, self.min_lr)
+
+    def scheduler_begin(self, epoch, logs=None):
+        rate = float(self.model.optimizer.learning_rate)
+        self.model.optimizer.learning_rate = self.schedule(epoch, rate)
+
+    monkeypatch.setattr(seams, "lr_callbacks_redirectable", lambda: False)
+    monkeypatch.setattr(keras.callbacks.ReduceLROnPlateau, "on_epoch_end", plateau_end)
+    monkeypatch.setattr(keras.callbacks.LearningRateScheduler, "on_epoch_begin", scheduler_begin)
+
+
+class Users(keras.callbacks.ReduceLROnPlateau):  # a user's subclass
+    pass
 
 
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0),
-        lambda: keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate),
-        lambda: tf_adabatch.ReduceLROnPlateau(monitor="loss", patience=0),
-        lambda: tf_adabatch.LearningRateScheduler(lambda epoch, rate: rate),
-        lambda: type("Users", (keras.callbacks.ReduceLROnPlateau,), {})(monitor="loss"),
+        lambda: keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5),
+        lambda: tf_adabatch.ReduceLROnPlateau(monitor="loss", factor=0.5),
+        lambda: Users(monitor="loss", factor=0.5),
     ],
-    ids=["keras_plateau", "keras_scheduler", "plateau", "scheduler", "users_subclass"],
+    ids=["keras", "tf_adabatch", "users_subclass"],
 )
-def test_learning_rate_callbacks_refuse_the_base_rate_where_keras_cannot_redirect(
+def test_a_plateau_reduces_the_base_rate_where_keras_sets_the_rate_inline(
     monkeypatch, make
 ) -> None:
-    """Before Keras 3.15 the learning-rate callbacks cannot be pointed at an
-    `AdaptiveLearningRate`'s base rate: fit refuses before the first step, naming 3.15,
-    instead of a callback that silently does nothing."""
-    monkeypatch.setattr(seams, "lr_callbacks_redirectable", lambda: False)
+    """Before Keras 3.15 the callbacks have no method to redirect: their epoch hook is
+    shown a model whose optimizer is the base rate (else Keras's hook would assign a
+    float to a schedule's optimizer: TypeError)."""
+    keras_before_3_15(monkeypatch)
     x, y = data()
-    model, engine = attached_with_adaptive_rate()
+    model = model_of(rate=tf_adabatch.AdaptiveLearningRate(0.05))
+    engine = tf_adabatch.attach(model, micro_batch_size=M)
     callback = make()
     kind = type(callback)
-    with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.15.*Received: keras"):
-        model.fit(x, y, batch_size=M, epochs=2, verbose=0, callbacks=[callback])
-    assert int(engine.state.steps.numpy()) == 0
+    model.fit(x, y, batch_size=M, epochs=3, verbose=0, callbacks=[callback])
+    assert engine.lr_schedule.base_rate() == pytest.approx(0.05 / 4)  # after epochs 2, 3
     assert type(callback) is kind  # switched back
+    assert callback.model is model  # the model put back after each hook
 
 
-def test_learning_rate_callbacks_without_an_adaptive_rate_are_kerass_where_it_cannot_redirect(
+def test_a_schedule_sets_the_base_rate_and_the_optimizers_rate_is_logged_where_keras_sets_it_inline(
     monkeypatch,
 ) -> None:
+    keras_before_3_15(monkeypatch)
+
+    class Target:
+        learning_rate = 0.4
+
+    target = Target()
+    model = model_of(rate=0.1)
+    scheduler = seams.RedirectedLearningRateScheduler(lambda epoch, rate: rate + 1.0)
+    plateau = seams.RedirectedReduceLROnPlateau(monitor="loss", factor=0.5)
+    for callback in (scheduler, plateau):
+        callback.lr_target = lambda optimizer: target
+    logged = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logged.append(logs["learning_rate"])
+    )
+    x, y = data()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[scheduler, plateau, record])
+    assert target.learning_rate == pytest.approx(((0.4 + 1.0) + 1.0) * 0.5)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+    assert logged == pytest.approx([0.1, 0.1])  # the optimizer's rate, as Keras >= 3.15
+
+
+def test_learning_rate_callbacks_without_an_adaptive_rate_are_kerass(monkeypatch) -> None:
     """With nothing to redirect (a float learning rate), tf_adabatch's callbacks are
-    Keras's on any Keras."""
-    monkeypatch.setattr(seams, "lr_callbacks_redirectable", lambda: False)
+    Keras's."""
+    keras_before_3_15(monkeypatch)
     x, y = data()
     model = model_of(rate=0.1)
-    reduce = tf_adabatch.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
+    reduce = tf_adabatch.ReduceLROnPlateau(monitor="loss", factor=0.5)
     model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[reduce])
-    # epoch 1 sets the best; halved after epochs 2 and 3
     assert float(model.optimizer.learning_rate) == pytest.approx(0.025)

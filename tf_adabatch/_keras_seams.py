@@ -13,7 +13,7 @@ upgrade changes it. Raise the version bounds in setup.py only when that test pas
 No other module of the package imports `keras.src` or touches a private Keras
 attribute (`tests/test_keras_private.py::test_private_keras_names_live_in_one_module`).
 
-Keras 3.8 to 3.15 differ in four behaviours the package meets; each is told apart here
+Keras 3.10 to 3.15 differ in four behaviours the package meets; each is told apart here
 by a feature test of the installed Keras (a small probe of the behaviour, never its
 version number), and handled here alone:
 
@@ -23,13 +23,20 @@ version number), and handled here alone:
   divided by the batch size from 3.14 on (`activity_losses_are_batch_means`): the
   engine refuses activity regularizers on the older behaviour (see `added_losses`);
 - `ReduceLROnPlateau` / `LearningRateScheduler` reach the optimizer through an
-  overridable method only from Keras 3.15 (`lr_callbacks_redirectable`): before, the
-  redirection to an `AdaptiveLearningRate`'s base rate raises (`refuse_unredirectable`);
+  overridable method only from Keras 3.15 (`lr_callbacks_redirectable`): before, their
+  epoch hook is shown a model whose `optimizer` is the target (`redirect_epoch_hook`);
 - the progress bar keeps a stateful value's own formatting (`step: 279`) only from
   Keras 3.13 on (`progbar_keeps_value_format`); before, `StepTimedProgbar` keeps it.
 
 Each probe's answer is pinned by a test in `tests/test_keras_private.py` that names the
 Keras versions it expects, so a Keras that differs fails there first.
+
+Keras 3.8 and 3.9 are not supported: their metric variables are mirrored (written by
+each replica) rather than per replica (`synchronization="on_read"`, Keras >= 3.10), and
+under a strategy of more than one replica Keras's own `fit` reports wrong losses and
+metrics there (`Mean`'s count grows by the replicas' summed new values at each update;
+seen on 3.8: a loss of 2.80 for a true 4.07, NaN after a few hundred updates). Keras
+before 3.8 lacks `unscale_loss_for_distribution`.
 """
 
 from __future__ import annotations
@@ -66,9 +73,9 @@ __all__ = [
     "new_epoch_iterator",
     "optimizer_chain",
     "progbar_keeps_value_format",
+    "redirect_epoch_hook",
     "redirecting_subclass",
     "reducing_loss",
-    "refuse_unredirectable",
     "register_saveable_type",
     "replace_epoch_enumeration",
     "resolve_metric",
@@ -408,40 +415,66 @@ def lr_callbacks_redirectable() -> bool:
     """Whether Keras's `ReduceLROnPlateau` and `LearningRateScheduler` reach the
     optimizer's learning rate through `_reduce_optimizer_lr` / `_update_optimizer_lr`
     (Keras >= 3.15), which the classes below override. Before 3.15 they read and set
-    `self.model.optimizer.learning_rate` inline, and the override is never called.
+    `self.model.optimizer.learning_rate` inline in `on_epoch_end` / `on_epoch_begin`,
+    and the classes below show those hooks a model whose `optimizer` is the target
+    instead (`redirect_epoch_hook`).
 
     A feature test (the methods exist). Pinned by
     `test_keras_learning_rate_callbacks_reach_the_optimizer_only_through_the_private_methods`
-    (they are called, and redirect) and
-    `test_learning_rate_redirection_refuses_on_a_keras_without_the_methods`.
+    and `test_keras_learning_rate_callbacks_before_3_15_set_the_optimizer_inline`.
     """
     return hasattr(keras.callbacks.ReduceLROnPlateau, "_reduce_optimizer_lr") and hasattr(
         keras.callbacks.LearningRateScheduler, "_update_optimizer_lr"
     )
 
 
-def refuse_unredirectable(name: str, model: Any, lr_target: Callable[[Any], Any]) -> None:
-    """Raises if `model`'s optimizer needs a redirection (`lr_target(optimizer)` is not
-    the optimizer) that this Keras's learning-rate callbacks cannot take.
+class _ModelWithLrTarget:
+    """A model as a learning-rate callback of Keras < 3.15 sees it in its epoch hook:
+    `optimizer` is the redirection's target, everything else the model's."""
 
-    Called from `set_model`, which `fit` (through its `CallbackList`) calls before the
-    first epoch: the refusal comes before any training, never a callback that silently
-    does nothing.
+    def __init__(self, model: Any, target: Any) -> None:
+        self.__dict__.update(_model=model, optimizer=target)
 
-    Raises:
-        RuntimeError: a redirection is needed and Keras is older than 3.15.
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_model"], name)
+
+
+def redirect_epoch_hook(
+    callback: Any,
+    hook: Callable[[int, Any], Any],
+    lr_target: Callable[[Any], Any],
+    epoch: int,
+    logs: Any,
+    *,
+    logs_rate: bool,
+) -> None:
+    """Runs a learning-rate callback's epoch hook with its learning-rate access
+    redirected to `lr_target(model.optimizer)`, on a Keras without the methods.
+
+    Keras >= 3.15 (`lr_callbacks_redirectable`): the hook as it is (it calls the
+    overridden method). Before: the hook sees a model whose `optimizer` is the target
+    (set with the public `Callback.set_model`, the model put back after), which is all
+    these hooks touch; and where the hook also logs `learning_rate` (`logs_rate`), the
+    optimizer's own rate is logged, as Keras >= 3.15 does. Nothing to redirect (the
+    target is the optimizer): the hook as it is.
     """
+    model = callback.model
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or lr_callbacks_redirectable():
+    if lr_callbacks_redirectable() or optimizer is None:
+        hook(epoch, logs)
         return
-    if lr_target(optimizer) is not optimizer:
-        raise _needs_keras(
-            f"`{name}` on an optimizer with a bound `tf_adabatch.AdaptiveLearningRate` "
-            "(setting its base rate)",
-            "3.15",
-            "before it, Keras's learning-rate callbacks set `model.optimizer.learning_rate` "
-            "inline, where tf_adabatch cannot redirect them to the base rate.",
-        )
+    target = lr_target(optimizer)
+    if target is optimizer:
+        hook(epoch, logs)
+        return
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate)) if logs_rate else None
+    keras.callbacks.Callback.set_model(callback, _ModelWithLrTarget(model, target))
+    try:
+        hook(epoch, logs)
+    finally:
+        keras.callbacks.Callback.set_model(callback, model)
+    if rate is not None and isinstance(logs, dict) and "learning_rate" in logs:
+        logs["learning_rate"] = rate
 
 
 class RedirectedReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
@@ -449,17 +482,16 @@ class RedirectedReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
 
     Relies on: Keras reaches the optimizer's learning rate only in
     `_reduce_optimizer_lr(optimizer, epoch, name)`, called with `model.optimizer`
-    (Keras >= 3.15; before, `set_model` refuses a needed redirection:
-    `refuse_unredirectable`).
+    (Keras >= 3.15), or only through `self.model.optimizer` in `on_epoch_end` (before;
+    `redirect_epoch_hook`).
     """
 
     def lr_target(self, optimizer: Any) -> Any:
         """What to read and set `learning_rate` on (default: the optimizer)."""
         return optimizer
 
-    def set_model(self, model: Any) -> None:
-        super().set_model(model)
-        refuse_unredirectable(type(self).__name__, model, self.lr_target)
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        redirect_epoch_hook(self, super().on_epoch_end, self.lr_target, epoch, logs, logs_rate=True)
 
     def _reduce_optimizer_lr(self, optimizer: Any, epoch: int, name: str = "") -> bool:
         return bool(super()._reduce_optimizer_lr(self.lr_target(optimizer), epoch, name))
@@ -470,16 +502,18 @@ class RedirectedLearningRateScheduler(keras.callbacks.LearningRateScheduler):
 
     Relies on: Keras reaches the optimizer's learning rate only in
     `_update_optimizer_lr(optimizer, epoch)`, called with `model.optimizer` (Keras >=
-    3.15; before, `set_model` refuses a needed redirection: `refuse_unredirectable`).
+    3.15), or only through `self.model.optimizer` in `on_epoch_begin` (before;
+    `redirect_epoch_hook`).
     """
 
     def lr_target(self, optimizer: Any) -> Any:
         """What to read and set `learning_rate` on (default: the optimizer)."""
         return optimizer
 
-    def set_model(self, model: Any) -> None:
-        super().set_model(model)
-        refuse_unredirectable(type(self).__name__, model, self.lr_target)
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        redirect_epoch_hook(
+            self, super().on_epoch_begin, self.lr_target, epoch, logs, logs_rate=False
+        )
 
     def _update_optimizer_lr(self, optimizer: Any, epoch: int) -> Any:
         return super()._update_optimizer_lr(self.lr_target(optimizer), epoch)
@@ -488,30 +522,31 @@ class RedirectedLearningRateScheduler(keras.callbacks.LearningRateScheduler):
 def redirecting_subclass(cls: Any, lr_target: Callable[[Any], Any]) -> type | None:
     """A subclass of `cls` (a user's subclass of Keras's `ReduceLROnPlateau` or
     `LearningRateScheduler`) whose learning-rate access goes to `lr_target(optimizer)`;
-    None if `cls` is neither (same reliance as the Redirected classes, and the same
-    refusal before Keras 3.15)."""
+    None if `cls` is neither (same reliance as the Redirected classes)."""
     attrs: dict[str, Any] = {}
     if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
 
         def reduce(self: Any, optimizer: Any, epoch: int, name: str = "") -> bool:
             return bool(cls._reduce_optimizer_lr(self, lr_target(optimizer), epoch, name))
 
+        def epoch_end(self: Any, epoch: int, logs: Any = None) -> None:
+            hook = functools.partial(cls.on_epoch_end, self)
+            redirect_epoch_hook(self, hook, lr_target, epoch, logs, logs_rate=True)
+
         attrs["_reduce_optimizer_lr"] = reduce
+        attrs["on_epoch_end"] = epoch_end
     if issubclass(cls, keras.callbacks.LearningRateScheduler):
 
         def update(self: Any, optimizer: Any, epoch: int) -> Any:
             return cls._update_optimizer_lr(self, lr_target(optimizer), epoch)
 
+        def epoch_begin(self: Any, epoch: int, logs: Any = None) -> None:
+            hook = functools.partial(cls.on_epoch_begin, self)
+            redirect_epoch_hook(self, hook, lr_target, epoch, logs, logs_rate=False)
+
         attrs["_update_optimizer_lr"] = update
-    if not attrs:
-        return None
-
-    def set_model(self: Any, model: Any) -> None:
-        cls.set_model(self, model)
-        refuse_unredirectable(cls.__name__, model, lr_target)
-
-    attrs["set_model"] = set_model
-    return type(cls.__name__, (cls,), attrs)
+        attrs["on_epoch_begin"] = epoch_begin
+    return type(cls.__name__, (cls,), attrs) if attrs else None
 
 
 # ------------------------------------------------------------------ progress bar
