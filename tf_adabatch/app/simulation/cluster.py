@@ -1,17 +1,20 @@
 r"""Projects a finished run's time to its final progress tau onto clusters we do not have.
 
+The logic of `launch/simulate_cluster.py` (its flags are the arguments here):
+
     python launch/simulate_cluster.py --run=/tmp/cluster_digits \
         --profile=configs/profiles/this_machine.py \
         --profile=configs/profiles/assumed_nvlink_8gpu.py \
         --profile=configs/profiles/assumed_ethernet_64gpu.py \
         --max_devices=1024 --out=docs/benchmarks/cluster_projection
 
-reads the run's TensorBoard train logs (`<run>/tensorboard/train`: the smoothed moments
+`project_run` reads the run's TensorBoard train logs (`<run>/tensorboard/train`: the smoothed moments
 |G|^2 = `adabatch/grad_sqr` and tr(Sigma)/B0 = `adabatch/grad_var`, the batch
 `adabatch/batch_size` and the progress `adabatch/progress` of every optimizer step), its
 gradient size (parameters x 4 bytes, from `checkpoints/fingerprint.json`) and B0 (a flag,
 or inferred from the logged gains), and for N = 1, 2, 4, ..., `--max_devices` devices of
-each hardware profile prints the simulated seconds to reach the run's final tau of:
+each hardware profile (`resolve_profile`: a shipped profile by name, such as
+`this_machine`, or a file) prints the simulated seconds to reach the run's final tau of:
 
   static_b0        batch B0, gain 1: tau += 1 per step.
   adascale_16x     batch 16 B0 with AdaScale: tau += r(16 B0) at the moments of the current tau.
@@ -31,27 +34,23 @@ the smallest reachable batch and counts them (marked "*").
 Writes `<out>.json` (every number), `<out>.md` (the tables) and `<out>.png` (time to the
 final tau against N, log-log, one panel per profile).
 
-(docs/cluster_projection.md projects the digits run priced as the Fashion-MNIST CNN:
-add `--num_parameters=225034`.)
-
-Validation of the step-time model on this machine (about three minutes; one subprocess
-per replica count):
-
-    python launch/simulate_cluster.py --measure --out=docs/benchmarks/cluster_measure
-    python launch/simulate_cluster.py --measure --measured=docs/benchmarks/cluster_measure.json
-
+`measure` validates the step-time model on this machine (`launch/simulate_cluster.py
+--measure`, about three minutes; or `--measured=<out>.json` to refit saved timings): it
 times the real engine (Fashion-MNIST CNN on random inputs, 1, 2 and 4 logical CPU
 replicas, k = 1, 2, 4, 8 micro-steps), fits fixed_seconds, seconds_per_example, the
 per-hop latency and parallel_devices (1 or the cores) of this machine's profile, and
 prints the model's error against every measured step time (and, held out, the
-4-replica times predicted from a fit on 1 and 2). The second command refits from the
-saved timings without timing again.
+4-replica times predicted from a fit on 1 and 2). Each replica count is timed in a
+process of its own, `python -m tf_adabatch.app.simulation.cluster --measure_worker=N`
+(this module's entry: it runs from an installed package, no checkout needed).
 
-Exit codes: 0 done; 2 a bad flag, profile or run (one line on stderr).
+Errors are `SimulationError`, one line naming the flag or field, the rule and the value
+(the script prints it and exits 2).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -61,16 +60,34 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_adabatch.app import resources
 
-from absl import app, flags, logging
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+__all__ = [
+    "STRATEGIES",
+    "Run",
+    "SimulationError",
+    "check_profile",
+    "collect_timings",
+    "device_counts",
+    "format_table",
+    "gains",
+    "load_profile",
+    "measure",
+    "measure_worker",
+    "parse_ks",
+    "plot",
+    "project",
+    "project_run",
+    "read_run",
+    "resolve_profile",
+    "simulate",
+    "step_seconds",
+    "validate_model",
+]
 
 STRATEGIES = ("static_b0", "adascale_16x", "simigrad_replay", "goodput")
 BYTES_PER_PARAMETER = 4  # float32 gradients
@@ -89,35 +106,6 @@ _PROFILE_RULES: dict[str, tuple[str, Any]] = {
     "name": ("a non-empty string", lambda v: isinstance(v, str) and bool(v)),
 }
 
-_RUN = flags.DEFINE_string("run", None, "A finished run's workdir (has tensorboard/train).")
-_PROFILES = flags.DEFINE_multi_string(
-    "profile",
-    [
-        "configs/profiles/this_machine.py",
-        "configs/profiles/assumed_nvlink_8gpu.py",
-        "configs/profiles/assumed_ethernet_64gpu.py",
-    ],
-    "Hardware profile config files (repeat the flag for several).",
-)
-_MAX_DEVICES = flags.DEFINE_integer("max_devices", 1024, "Simulate N = 1, 2, 4, ... up to this.")
-_BASE_BATCH = flags.DEFINE_integer(
-    "base_batch_size", None, "B0 of the run (default: inferred from its logged gains)."
-)
-_NUM_PARAMETERS = flags.DEFINE_integer(
-    "num_parameters", None, "Parameters of the model (default: from checkpoints/fingerprint.json)."
-)
-_OUT = flags.DEFINE_string("out", None, "Output prefix: writes <out>.json, <out>.md, <out>.png.")
-_MEASURE = flags.DEFINE_bool(
-    "measure", False, "Time the engine here and fit this machine's profile."
-)
-_MEASURED = flags.DEFINE_string(
-    "measured", None, "With --measure: refit from this saved <out>.json instead of timing."
-)
-_MEASURE_WORKER = flags.DEFINE_integer(
-    "measure_worker", None, "Internal: time one replica count in this process, print JSON."
-)
-_MEASURE_KS = flags.DEFINE_list("measure_ks", ["1", "2", "4", "8"], "Micro-steps k to time.")
-_MEASURE_STEPS = flags.DEFINE_integer("measure_steps", 30, "Timed steps per k (after 2 warm-up).")
 _MICRO_BATCH = 32  # the Fashion-MNIST configs' micro-batch per replica
 
 
@@ -165,10 +153,37 @@ def check_profile(profile: Any, source: str = "profile") -> None:
             )
 
 
+def resolve_profile(profile: str) -> str:
+    """The file of a profile given by name (`this_machine`) or by path.
+
+    An absolute path, or a relative one that exists from the current folder, is returned
+    as it is. Otherwise the value is looked up among the shipped profiles
+    (`tf_adabatch.app.resources.profiles_dir()`): a bare name gets `.py`, and a path
+    written from a checkout's root (`configs/profiles/this_machine.py`) drops that prefix,
+    so the documented commands run from any folder and from an installed package. A
+    missing file is reported by `load_profile`.
+
+    >>> os.path.relpath(resolve_profile("this_machine"), resources.profiles_dir())
+    'this_machine.py'
+    >>> os.path.samefile(resolve_profile("configs/profiles/assumed_nvlink_8gpu.py"),
+    ...                  resolve_profile("assumed_nvlink_8gpu"))
+    True
+    """
+    if os.path.isabs(profile) or os.path.exists(profile):
+        return profile
+    relative = os.path.normpath(profile)
+    prefix = os.path.join("configs", "profiles") + os.sep
+    if relative.startswith(prefix):
+        relative = relative[len(prefix) :]
+    if not relative.endswith(".py"):
+        relative += ".py"
+    return os.path.join(resources.profiles_dir(), relative)
+
+
 def load_profile(path: str) -> Any:
     """Loads and checks an ml_collections profile file (`get_config()`).
 
-    >>> load_profile(os.path.join(ROOT, "configs/profiles/assumed_nvlink_8gpu.py")).max_devices
+    >>> load_profile(resolve_profile("assumed_nvlink_8gpu")).max_devices
     8
     """
     if not os.path.isfile(path):
@@ -788,17 +803,28 @@ def fit_machine(
     )
 
 
+def worker_command(replicas: int, ks: Sequence[int], steps: int) -> list[str]:
+    """The command that times `replicas` in a fresh process: this module's entry.
+
+    >>> worker_command(2, [1, 2], 5)[1:]  # doctest: +NORMALIZE_WHITESPACE
+    ['-m', 'tf_adabatch.app.simulation.cluster', '--measure_worker=2', '--measure_ks=1,2',
+     '--measure_steps=5']
+    """
+    return [
+        sys.executable,
+        "-m",
+        __spec__.name if __spec__ is not None else "tf_adabatch.app.simulation.cluster",
+        f"--measure_worker={replicas}",
+        f"--measure_ks={','.join(map(str, ks))}",
+        f"--measure_steps={steps}",
+    ]
+
+
 def collect_timings(ks: Sequence[int], steps: int) -> dict[str, Any]:
-    """Times 1, 2 and 4 replicas, one subprocess each (`measure_worker`)."""
+    """Times 1, 2 and 4 replicas, one subprocess each (`worker_command`, `measure_worker`)."""
     rows, num_parameters = [], 0
     for replicas in (1, 2, 4):
-        command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            f"--measure_worker={replicas}",
-            f"--measure_ks={','.join(map(str, ks))}",
-            f"--measure_steps={steps}",
-        ]
+        command = worker_command(replicas, ks, steps)
         print(f"timing {replicas} replica(s), k in {list(ks)} ...", flush=True)
         done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
         if done.returncode:
@@ -888,11 +914,7 @@ def validate_model(
 
 def measure(out: str | None, ks: Sequence[int], steps: int, measured: str | None) -> dict[str, Any]:
     """Times the engine here (or reads `measured`, a saved `<out>.json`), fits, reports."""
-    bandwidth = float(
-        load_profile(
-            os.path.join(ROOT, "configs/profiles/this_machine.py")
-        ).bandwidth_bytes_per_second
-    )
+    bandwidth = float(load_profile(resolve_profile("this_machine")).bandwidth_bytes_per_second)
     if measured:
         try:
             with open(measured, encoding="utf-8") as f:
@@ -917,61 +939,69 @@ def measure(out: str | None, ks: Sequence[int], steps: int, measured: str | None
     return report
 
 
-# ------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------ runs
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2."""
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(2)
+def parse_ks(values: Sequence[str]) -> list[int]:
+    """The micro-step counts of `--measure_ks`, each an integer >= 1.
 
-
-def main(argv: list[str]) -> None:
-    logging.set_verbosity(logging.WARNING)  # TensorBoard's reader logs at INFO
-    if len(argv) > 1:
-        fail(f"Unexpected positional arguments: {argv[1:]}")
-    try:
-        ks = []
-        for value in _MEASURE_KS.value:
-            if not value.isdigit() or int(value) < 1:
-                raise SimulationError(
-                    f"Flag `--measure_ks` must list integers >= 1. Received: --measure_ks={','.join(_MEASURE_KS.value)}"
-                )
-            ks.append(int(value))
-        if _MEASURE_WORKER.value is not None:
-            print(json.dumps(measure_worker(_MEASURE_WORKER.value, ks, _MEASURE_STEPS.value)))
-            return
-        if _MEASURE.value:
-            measure(_OUT.value, ks, _MEASURE_STEPS.value, _MEASURED.value)
-            return
-        if not _RUN.value:
+    >>> parse_ks(["1", "4"])
+    [1, 4]
+    >>> parse_ks(["0"])
+    Traceback (most recent call last):
+    ...
+    tf_adabatch.app.simulation.cluster.SimulationError: Flag `--measure_ks` must list integers >= 1. Received: --measure_ks=0
+    """
+    for value in values:
+        if not value.isdigit() or int(value) < 1:
             raise SimulationError(
-                "Flag `--run` is required (a finished run's workdir). Received: none"
+                f"Flag `--measure_ks` must list integers >= 1. Received: --measure_ks={','.join(values)}"
             )
-        counts = device_counts(_MAX_DEVICES.value)
-        for name, value in (
-            ("base_batch_size", _BASE_BATCH.value),
-            ("num_parameters", _NUM_PARAMETERS.value),
-        ):
-            if value is not None and value < 1:
-                raise SimulationError(
-                    f"Flag `--{name}` must be an integer >= 1. Received: --{name}={value}"
-                )
-        profiles = [
-            load_profile(p if os.path.isabs(p) or os.path.exists(p) else os.path.join(ROOT, p))
-            for p in _PROFILES.value
-        ]
-        names = [p.name for p in profiles]
-        if len(set(names)) != len(names):
+    return [int(value) for value in values]
+
+
+def project_run(
+    run_dir: str | None,
+    profiles: Sequence[str],
+    *,
+    max_devices: int,
+    base_batch_size: int | None = None,
+    num_parameters: int | None = None,
+    out: str | None = None,
+) -> dict[str, Any]:
+    """Projects the run in `run_dir` onto `profiles` (names or files): prints the tables,
+    and with `out` writes `<out>.json`, `<out>.md` and `<out>.png`.
+
+    Args:
+      run_dir: a finished run's workdir (with `tensorboard/train`).
+      profiles: hardware profiles, each a shipped name or a file (`resolve_profile`).
+      max_devices: simulate N = 1, 2, 4, ... up to this.
+      base_batch_size: B0; default inferred from the logs.
+      num_parameters: default from `checkpoints/fingerprint.json`.
+      out: output prefix, or None to print only.
+
+    Returns:
+      The projection (`project`).
+
+    Raises:
+      SimulationError: a bad argument, profile or run (one line).
+    """
+    if not run_dir:
+        raise SimulationError("Flag `--run` is required (a finished run's workdir). Received: none")
+    counts = device_counts(max_devices)
+    for name, value in (("base_batch_size", base_batch_size), ("num_parameters", num_parameters)):
+        if value is not None and value < 1:
             raise SimulationError(
-                f"Flag `--profile` must name profiles with distinct names. Received: {names}"
+                f"Flag `--{name}` must be an integer >= 1. Received: --{name}={value}"
             )
-        run = read_run(
-            _RUN.value, base_batch_size=_BASE_BATCH.value, num_parameters=_NUM_PARAMETERS.value
+    loaded = [load_profile(resolve_profile(p)) for p in profiles]
+    names = [p.name for p in loaded]
+    if len(set(names)) != len(names):
+        raise SimulationError(
+            f"Flag `--profile` must name profiles with distinct names. Received: {names}"
         )
-    except SimulationError as err:
-        fail(str(err))
-    projection = project(run, profiles, counts[-1])
+    run = read_run(run_dir, base_batch_size=base_batch_size, num_parameters=num_parameters)
+    projection = project(run, loaded, counts[-1])
     print(
         f"Run {run.source}: final tau {run.final_tau:.1f}, {len(run.batch)} logged steps, "
         f"B0 {run.base_batch_size}, {run.num_parameters} parameters ({run.gradient_bytes} gradient bytes)"
@@ -980,15 +1010,27 @@ def main(argv: list[str]) -> None:
     for name in names:
         tables.append(f"### {name}\n\n{format_table(projection, name)}\n")
     print("\n".join(tables))
-    if _OUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-        with open(f"{_OUT.value}.json", "w", encoding="utf-8") as f:
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(f"{out}.json", "w", encoding="utf-8") as f:
             json.dump(projection, f, indent=1)
-        with open(f"{_OUT.value}.md", "w", encoding="utf-8") as f:
+        with open(f"{out}.md", "w", encoding="utf-8") as f:
             f.write("\n".join(tables))
-        plot(projection, f"{_OUT.value}.png")
-        print(f"wrote {_OUT.value}.json, .md, .png")
+        plot(projection, f"{out}.png")
+        print(f"wrote {out}.json, .md, .png")
+    return projection
+
+
+def _worker_main(argv: Sequence[str] | None = None) -> None:
+    """`python -m tf_adabatch.app.simulation.cluster --measure_worker=N`: one JSON line."""
+    parser = argparse.ArgumentParser(description=measure_worker.__doc__)
+    parser.add_argument("--measure_worker", type=int, required=True)
+    parser.add_argument("--measure_ks", default="1,2,4,8")
+    parser.add_argument("--measure_steps", type=int, default=30)
+    args = parser.parse_args(argv)
+    ks = parse_ks(args.measure_ks.split(","))
+    print(json.dumps(measure_worker(args.measure_worker, ks, args.measure_steps)))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _worker_main()
