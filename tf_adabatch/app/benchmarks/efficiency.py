@@ -1,8 +1,10 @@
 r"""Statistical efficiency and time to accuracy on Fashion-MNIST: seven ways to train.
 
+The logic of `launch/benchmark_efficiency.py`, whose flags are the fields of `Options`:
+
     python launch/benchmark_efficiency.py --outdir=workdir/benchmark_efficiency
 
-Every run is `launch/train.py` on the CNN config with 4 logical CPU replicas and the
+Every run is the launcher (`python -m tf_adabatch.app`, as `launch/train.py`) on the CNN config with 4 logical CPU replicas and the
 same base schedule (SGD + momentum 0.9, B0 = 128, learning rate 0.05, cosine over
 `--base_epochs` epochs at B0); only the batch-size policy and the learning-rate rule
 change:
@@ -61,7 +63,7 @@ its `metrics.json` is not rerun, so an interrupted benchmark continues where it 
 the targets), `accuracy.png` and `adaptation.png`.
 
 `--config` and `--override` choose another task (the test suite runs a tiny version on
-scikit-learn's digits so that this script cannot rot).
+scikit-learn's digits so that this benchmark cannot rot).
 """
 
 from __future__ import annotations
@@ -69,18 +71,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from absl import app, flags
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from absl import app
 
 # name -> (batch-size policy, learning-rate rule, static batch in units of B0 or None).
 VARIANTS: dict[str, tuple[str, str, str | None]] = {
@@ -128,53 +127,73 @@ ADAPTATION_TAGS = ("batch_size", "similarity", "gain", "learning_rate")
 CURVE_TAGS = (*ADAPTATION_TAGS, "progress", "noise_scale")
 REFERENCE_TAGS = ("target_similarity", "min_batch_size", "max_batch_size")
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("outdir", "workdir/benchmark_efficiency", "Where runs and results go.")
-flags.DEFINE_string("config", str(ROOT / "configs" / "fashion_mnist.py"), "Base config file.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; each variant runs once per seed.")
-flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
-flags.DEFINE_float("base_epochs", 3.0, "Budget: epochs at the base batch (all variants).")
-flags.DEFINE_float("eval_every_base_epochs", 0.5, "Evaluation interval (for the curves).")
-flags.DEFINE_float("warmup_fraction", 0.2, "linear_16x: warm-up share of the budget.")
-flags.DEFINE_integer("scale", 16, "S of the static large-batch variants and SimiGrad's cap.")
-flags.DEFINE_list("override", [], "Extra config overrides, e.g. num_cpu_replicas=2.")
-flags.DEFINE_integer("timeout_per_run", 1800, "Seconds before a run is stopped (and failed).")
-flags.DEFINE_enum(
-    "metric",
-    "accuracy",
-    list(METRICS),
-    "The evaluation metric of the policy table's threshold (bits_per_byte: text configs).",
-)
-flags.DEFINE_list(
-    "clock_profiles", [], "Measured profiles (configs/profiles) to price the runs' GPU time with."
-)
-flags.DEFINE_list(
-    "clock_devices", ["1", "8", "64"], "GPU counts N to price (with --clock_profiles)."
-)
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's options: the flags of `launch/benchmark_efficiency.py`, one field each.
+
+    List flags are kept as tuples of their strings, as given on the command line.
+
+    >>> Options(seeds=["0", "1"]).seeds
+    ('0', '1')
+    >>> Options().variants == tuple(VARIANTS)
+    True
+    """
+
+    outdir: str = "workdir/benchmark_efficiency"
+    config: str = "fashion_mnist"  # the launch script's default is the checkout's file
+    seeds: tuple[str, ...] = ("0", "1", "2")
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    base_epochs: float = 3.0
+    eval_every_base_epochs: float = 0.5
+    warmup_fraction: float = 0.2
+    scale: int = 16
+    override: tuple[str, ...] = ()
+    timeout_per_run: int = 1800
+    metric: str = "accuracy"
+    clock_profiles: tuple[str, ...] = ()
+    clock_devices: tuple[str, ...] = ("1", "8", "64")
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, list):
+                object.__setattr__(self, field.name, tuple(value))
+
+    @classmethod
+    def from_flags(cls, values: Any) -> Options:
+        """The options from absl's flag values (`flags.FLAGS`), read by field name."""
+        return cls(**{field.name: getattr(values, field.name) for field in fields(cls)})
 
 
-def _flags_for(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None) -> list[str]:
-    """The train.py overrides of one run (`clock`: a virtual clock's profile and devices)."""
+def _flags_for(
+    options: Options, variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None
+) -> list[str]:
+    """The launcher's overrides of one run (`clock`: a virtual clock's profile and devices).
+
+    >>> _flags_for(Options(), "baseline", 0, 128)[:2]
+    ['--config.seed=0', '--config.train.base_epochs=3.0']
+    """
     kind, rule, static = VARIANTS[variant]
     values: dict[str, Any] = {
         "seed": seed,
-        "train.base_epochs": FLAGS.base_epochs,
-        "train.eval_every_base_epochs": FLAGS.eval_every_base_epochs,
+        "train.base_epochs": options.base_epochs,
+        "train.eval_every_base_epochs": options.eval_every_base_epochs,
         "policy.kind": kind,
         "lr.rule": rule,
         # SimiGrad starts at B0 and may grow to S B0; static runs hold their batch.
-        "policy.initial_batch_size": b0 * (FLAGS.scale if static == "S" else int(static or 1)),
+        "policy.initial_batch_size": b0 * (options.scale if static == "S" else int(static or 1)),
         "policy.min_batch_size": b0,
-        "policy.max_batch_size": FLAGS.scale * b0,
+        "policy.max_batch_size": options.scale * b0,
         "lr.warmup_base_epochs": (
-            FLAGS.warmup_fraction * FLAGS.base_epochs if rule == "linear" else 0.0
+            options.warmup_fraction * options.base_epochs if rule == "linear" else 0.0
         ),
         **EXTRA.get(variant, {}),
     }
     if clock is not None:
         values["clock.profile"], values["clock.devices"] = clock
     out = [f"--config.{key}={value}" for key, value in values.items()]
-    return out + [f"--config.{item}" for item in FLAGS.override]
+    return out + [f"--config.{item}" for item in options.override]
 
 
 def _load_config(path: str) -> Any:
@@ -186,26 +205,30 @@ def _load_config(path: str) -> Any:
     return module.get_config()
 
 
-def _run(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None) -> dict[str, Any]:
+def _run(
+    options: Options, variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None
+) -> dict[str, Any]:
     tag = "" if clock is None else f"{clock[0]}x{clock[1]}"
-    workdir = Path(FLAGS.outdir) / variant / tag / f"seed{seed}"
+    workdir = Path(options.outdir) / variant / tag / f"seed{seed}"
     metrics_path = workdir / "metrics.json"
     if not metrics_path.exists():
         cmd = [
             sys.executable,
-            str(ROOT / "launch" / "train.py"),
-            f"--config={FLAGS.config}",
+            "-m",
+            "tf_adabatch.app",
+            f"--config={options.config}",
             f"--workdir={workdir}",
-            *_flags_for(variant, seed, b0, clock),
+            *_flags_for(options, variant, seed, b0, clock),
         ]
         workdir.mkdir(parents=True, exist_ok=True)
         start = time.time()
         with open(workdir / "log.txt", "a", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
+            code: int | str
             try:
                 code = subprocess.run(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=FLAGS.timeout_per_run
+                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=options.timeout_per_run
                 ).returncode
             except subprocess.TimeoutExpired:
                 code = "timeout"
@@ -224,10 +247,10 @@ def _run(variant: str, seed: int, b0: int, clock: tuple[str, int] | None = None)
     for step, batch in train.get("adabatch/batch_size", []):
         total += batch
         examples[step] = total
-    curves = {tag: train.get(f"adabatch/{tag}", []) for tag in CURVE_TAGS}
+    curves: dict[str, list[Any]] = {tag: train.get(f"adabatch/{tag}", []) for tag in CURVE_TAGS}
     curves["accuracy"] = evals.get(summaries.eval_tag("accuracy"), [])
-    if FLAGS.metric != "accuracy":
-        curves[FLAGS.metric] = evals.get(summaries.eval_tag(FLAGS.metric), [])
+    if options.metric != "accuracy":
+        curves[options.metric] = evals.get(summaries.eval_tag(options.metric), [])
     curves["accuracy_examples"] = [
         (examples.get(step, math.nan), value) for step, value in curves["accuracy"]
     ]
@@ -462,18 +485,18 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
             not math.isfinite(t) or (mine <= t if v == "baseline" else mine < t)
             for v, t in others.items()
         )
-        reached = f"{by['goodput']['reached']}/{by['goodput']['runs']} runs reached it"
-        target = "target: at most 1.0x the baseline's time, below the others'"
+        reached_note = f"{by['goodput']['reached']}/{by['goodput']['runs']} runs reached it"
+        target_note = "target: at most 1.0x the baseline's time, below the others'"
         if math.isfinite(mine):
             ratios = ", ".join(f"{mine / t:.2f}x {v}'s" for v, t in others.items())
             verdicts.append(
                 f"{'MET' if ok else 'NOT MET'}: goodput reaches the baseline's accuracy in "
-                f"{mine:.0f} s of training, {ratios} ({target}; {reached})"
+                f"{mine:.0f} s of training, {ratios} ({target_note}; {reached_note})"
             )
         else:
             verdicts.append(
-                f"NOT MET: goodput never reached the baseline's final accuracy ({target}; "
-                f"{reached})"
+                f"NOT MET: goodput never reached the baseline's final accuracy ({target_note}; "
+                f"{reached_note})"
             )
     if base:
         acc0, steps0 = base["test_accuracy"][0], base["optimizer_steps"][0]
@@ -1107,27 +1130,37 @@ def plot(runs: list[dict[str, Any]], outdir: Path) -> list[Path]:
     return paths
 
 
-def main(argv: list[str]) -> None:
+def run_benchmark(options: Options) -> None:
+    """Runs the plan (every seed, every variant), then writes and prints the results.
+
+    Raises:
+      absl.app.UsageError: an unknown variant or clock profile, or a config that is not a
+        Python config file.
+      RuntimeError: a run that failed or timed out (its log named).
+    """
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # TensorBoard's reader logs every file at INFO
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    unknown = sorted(set(FLAGS.variants) - set(VARIANTS))
+    unknown = sorted(set(options.variants) - set(VARIANTS))
     if unknown:
         raise app.UsageError(f"--variants must be among {list(VARIANTS)}. Received: {unknown}")
-    config = _load_config(FLAGS.config)
-    for item in FLAGS.override:  # the base batch may be overridden too
+    from tf_adabatch.app import resources
+
+    try:
+        config = _load_config(resources.config_path(options.config))
+    except ValueError as err:  # a name that is not a shipped config
+        raise app.UsageError(str(err)) from err
+    for item in options.override:  # the base batch may be overridden too
         key, _, value = item.partition("=")
         if key == "base_batch_size":
             config.base_batch_size = int(value)
     b0 = int(config.base_batch_size)
-    outdir = Path(FLAGS.outdir)
+    outdir = Path(options.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     runs = []
     start = time.time()
-    profiles = list(FLAGS.clock_profiles)
-    devices = [int(n) for n in FLAGS.clock_devices]
+    profiles = list(options.clock_profiles)
+    devices = [int(n) for n in options.clock_devices]
     if profiles:
         from tf_adabatch.app import factories
 
@@ -1138,12 +1171,12 @@ def main(argv: list[str]) -> None:
     clocks: list[tuple[str, int] | None] = [(p, n) for p in profiles for n in devices] or [None]
     plan = [
         (variant, seed, clock)
-        for variant, seed in run_plan(FLAGS.variants, [int(seed) for seed in FLAGS.seeds])
+        for variant, seed in run_plan(list(options.variants), [int(seed) for seed in options.seeds])
         for clock in (clocks if variant == "goodput" else [None])
     ]
     for i, (variant, seed, clock) in enumerate(plan, 1):
         t0 = time.time()
-        run = _run(variant, seed, b0, clock)
+        run = _run(options, variant, seed, b0, clock)
         runs.append(run)
         m = run["metrics"]
         print(
@@ -1161,9 +1194,9 @@ def main(argv: list[str]) -> None:
         (outdir / "gpu_time.md").write_text(gpu_table)
         plot_gpu_time(saved["gpu_time"], outdir / "gpu_time.png")
         print(gpu_table)
-    if any(r["variant"] in POLICY_VARIANTS[3:] for r in runs) or FLAGS.metric != "accuracy":
+    if any(r["variant"] in POLICY_VARIANTS[3:] for r in runs) or options.metric != "accuracy":
         policies_md, saved["policies"] = policy_table(
-            runs, FLAGS.metric, profiles[0] if profiles else None, devices
+            runs, options.metric, profiles[0] if profiles else None, devices
         )
         (outdir / "policies.md").write_text(policies_md)
         plot_policies(runs, outdir / "policies.png")
@@ -1174,8 +1207,3 @@ def main(argv: list[str]) -> None:
     paths = plot(host, outdir) if host else []
     print(table)
     print("Plots: " + ", ".join(str(p) for p in paths))
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
