@@ -1,5 +1,7 @@
 r"""Exact against estimated similarity on the same gradients: a paired measurement.
 
+The logic of `launch/similarity_paired.py`, whose flags are the fields of `Options`:
+
     python launch/similarity_paired.py --outdir=workdir/similarity_paired \
         --snapshot_steps=5,60,150,300 --ks=1,2,3,4,5,6 --draws=150 --iterates=5
 
@@ -8,8 +10,8 @@ the modes read the same gradients differently, and the runs then go on to differ
 weights and data (seed noise: on Fashion-MNIST two seeds of one mode differ by up to 40%
 in a tenth of the run's average batch). This measures the first reason alone.
 
-An exact-mode run of --config is taken to each of --snapshot_steps (launch/train.py with
-`train.max_steps`, resuming its own checkpoints; the run and its kept snapshots are reused
+An exact-mode run of --config is taken to each of --snapshot_steps (the launcher,
+`python -m tf_adabatch.app`, with `train.max_steps`, resuming its own checkpoints; the run and its kept snapshots are reused
 if they are there). The readings vary a lot from one iterate of training to the next, so
 --iterates=n --iterate_spacing=d pools the checkpoints of steps S-(n-1)d, ..., S-d, S for
 each snapshot step S (the draws split evenly among them). At each, N replicas x k micro-batches drawn from the
@@ -35,38 +37,64 @@ the micro-batches' layout, so the snapshot run's replica count is the config's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from typing import Any
 
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+__all__ = [
+    "Options",
+    "following",
+    "group_a_mask",
+    "interval",
+    "measure",
+    "paired_row",
+    "policy_moves",
+    "run",
+    "settled_batch",
+    "settling",
+    "summarise",
+    "train_to",
+]
 
-FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", str(ROOT / "configs" / "fashion_mnist.py"), "Config of the exact-mode run."
-)
-flags.DEFINE_string("outdir", "workdir/similarity_paired", "Run, snapshots and results.")
-flags.DEFINE_list("snapshot_steps", ["5", "60", "150", "300"], "Optimizer steps to measure at.")
-flags.DEFINE_list("ks", ["1", "2", "4"], "Micro-steps per replica (batch N k m) to measure.")
-flags.DEFINE_integer("draws", 200, "Independent batches per snapshot and k.")
-flags.DEFINE_integer("iterates", 1, "Checkpoints pooled per snapshot step S (n).")
-flags.DEFINE_integer("iterate_spacing", 1, "Steps between them (d): S-(n-1)d, ..., S-d, S.")
-flags.DEFINE_bool(
-    "report_only", False, "Rebuild the report from --outdir's results.json (no measuring)."
-)
-flags.DEFINE_integer("bootstrap", 2000, "Bootstrap resamples for the intervals.")
-flags.DEFINE_integer("seed", 0, "Seed of the draws and the bootstrap.")
-flags.DEFINE_integer("timeout_per_stage", 1800, "Seconds before a training stage is failed.")
+
+@dataclass(frozen=True)
+class Options:
+    """The measurement's options: the flags of `launch/similarity_paired.py` but `--config`
+    (the config, its file and its overrides are arguments of `run`).
+
+    >>> Options(ks=["1", "2"]).ks
+    ('1', '2')
+    """
+
+    outdir: str = "workdir/similarity_paired"
+    snapshot_steps: tuple[str, ...] = ("5", "60", "150", "300")
+    ks: tuple[str, ...] = ("1", "2", "4")
+    draws: int = 200
+    iterates: int = 1
+    iterate_spacing: int = 1
+    report_only: bool = False
+    bootstrap: int = 2000
+    seed: int = 0
+    timeout_per_stage: int = 1800
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, list):
+                object.__setattr__(self, field.name, tuple(value))
+
+    @classmethod
+    def from_flags(cls, values: Any) -> Options:
+        """The options from absl's flag values (`flags.FLAGS`), read by field name."""
+        return cls(**{field.name: getattr(values, field.name) for field in fields(cls)})
 
 
 def group_a_mask(num_replicas: int, k: int) -> np.ndarray:
@@ -83,7 +111,9 @@ def group_a_mask(num_replicas: int, k: int) -> np.ndarray:
     return (i * num_replicas + r) % 2 == 0
 
 
-def interval(values: np.ndarray, stat, resamples: np.ndarray) -> tuple[float, float, float]:
+def interval(
+    values: np.ndarray, stat: Callable[[np.ndarray], Any], resamples: np.ndarray
+) -> tuple[float, float, float]:
     """stat over the draws, and its 95% bootstrap interval (rows of `resamples` index draws).
 
     >>> v = np.arange(10.0)
@@ -95,14 +125,17 @@ def interval(values: np.ndarray, stat, resamples: np.ndarray) -> tuple[float, fl
     return float(stat(values)), float(low), float(high)
 
 
-def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -> Path:
+def train_to(
+    options: Options, config_path: str, overrides: Sequence[str], workdir: Path, step: int
+) -> Path:
     """The run's checkpoint at `step` (trains, resuming, if it is not kept yet)."""
     kept = workdir / "snapshots" / f"step{step}"
     if (kept / "checkpoint").exists():
         return kept
     command = [
         sys.executable,
-        str(ROOT / "launch" / "train.py"),
+        "-m",
+        "tf_adabatch.app",
         f"--config={config_path}",
         f"--workdir={workdir / 'run'}",
         *overrides,
@@ -112,7 +145,7 @@ def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -
     print(f"Training the exact-mode run to step {step} (its output: {log})", flush=True)
     with open(log, "w") as out:
         done = subprocess.run(
-            command, stdout=out, stderr=subprocess.STDOUT, timeout=FLAGS.timeout_per_stage
+            command, stdout=out, stderr=subprocess.STDOUT, timeout=options.timeout_per_stage
         )
     if done.returncode != 0:
         tail = log.read_text()[-3000:]
@@ -135,7 +168,7 @@ def train_to(config_path: str, overrides: list[str], workdir: Path, step: int) -
     return kept
 
 
-def load_weights(model, snapshot: Path) -> None:
+def load_weights(model: Any, snapshot: Path) -> None:
     """The trained weights of the run's checkpoint into `model`.
 
     The trainer's checkpoint holds the model's variables through the Keras optimizer
@@ -160,7 +193,7 @@ def load_weights(model, snapshot: Path) -> None:
         variable.assign(value)
 
 
-def micro_gradients_fn(model):
+def micro_gradients_fn(model: Any) -> Any:
     """A compiled function: micro-batches [M, m, ...] to one flat gradient each, [M, P].
 
     Built once per model (its variables are reassigned between checkpoints, not replaced),
@@ -172,8 +205,8 @@ def micro_gradients_fn(model):
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function(reduce_retracing=True)
-    def micro_gradients(xb, yb):
-        def one(args):
+    def micro_gradients(xb: Any, yb: Any) -> Any:
+        def one(args: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = loss_fn(args[1], model(args[0], training=True))
             grads = tape.gradient(loss, model.trainable_variables)
@@ -184,7 +217,16 @@ def micro_gradients_fn(model):
     return micro_gradients
 
 
-def readings(micro_gradients, x, y, num_replicas, k, micro, draws, rng):
+def readings(
+    micro_gradients: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    num_replicas: int,
+    k: int,
+    micro: int,
+    draws: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per draw: (exact, estimated) similarity of one batch of N k m examples."""
     from tf_adabatch import stats
 
@@ -332,7 +374,7 @@ def follow(
     return np.array(means)
 
 
-def policy_moves(config, unit: int, rows: list[dict]) -> dict[int, tuple[int, int]]:
+def policy_moves(config: Any, unit: int, rows: list[dict]) -> dict[int, tuple[int, int]]:
     """The config's policy's moves (after a reading above, below the target) per batch."""
     from tf_adabatch.app import factories
     from tf_adabatch.policies import StepStats
@@ -347,10 +389,12 @@ def policy_moves(config, unit: int, rows: list[dict]) -> dict[int, tuple[int, in
     return moves
 
 
-def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float) -> dict:
+def settling(
+    options: Options, rows: list[dict], moves: dict[int, tuple[int, int]], target: float
+) -> dict:
     """Per snapshot: where the controller settles on each mode's readings (`settled_batch`),
     the ratio, and its 95% bootstrap interval (the draws resampled per batch, paired)."""
-    rng = np.random.default_rng(FLAGS.seed + 1)
+    rng = np.random.default_rng(options.seed + 1)
     snapshots, lines = [], []
     for step in sorted({r["step"] for r in rows}):
         mine = {r["batch"]: r for r in rows if r["step"] == step}
@@ -368,7 +412,7 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
             lines.append(f"- step {step}: no settling point ({err})")
             continue
         ratios = []
-        for _ in range(FLAGS.bootstrap):
+        for _ in range(options.bootstrap):
             picked = {
                 b: rng.integers(0, len(v["exact"]), len(v["exact"])) for b, v in share.items()
             }
@@ -407,7 +451,9 @@ def settling(rows: list[dict], moves: dict[int, tuple[int, int]], target: float)
     return {"snapshots": snapshots, "report": header + "\n".join(lines) + "\n"}
 
 
-def following(rows: list[dict], moves: dict[int, tuple[int, int]], start: int) -> dict:
+def following(
+    options: Options, rows: list[dict], moves: dict[int, tuple[int, int]], start: int
+) -> dict:
     """The controller simulated along the run (`follow`), 4,000 runs per mode, from the
     policy's initial batch: mean batch between consecutive snapshot steps, and the ratio."""
     sizes = sorted(moves)
@@ -420,7 +466,7 @@ def following(rows: list[dict], moves: dict[int, tuple[int, int]], start: int) -
         note = "every snapshot must measure the same batches, the initial batch among them"
         return {"intervals": [], "report": f"\nNo simulated run ({note}).\n"}
     paths = {
-        mode: follow(moves, grow, start, 4000, np.random.default_rng(FLAGS.seed + 2))
+        mode: follow(moves, grow, start, 4000, np.random.default_rng(options.seed + 2))
         for mode, grow in grow_at.items()
     }
     steps = sorted(grow_at["exact"])
@@ -464,9 +510,10 @@ def summarise(rows: list[dict], target: float) -> str:
 
 
 def measure(
-    config,
+    options: Options,
+    config: Any,
     config_path: str,
-    overrides: list[str],
+    overrides: Sequence[str],
     outdir: Path,
     steps: list[int],
     ks: list[int],
@@ -480,27 +527,27 @@ def measure(
     (x, y), _, num_classes = pipeline.load_arrays(config.dataset, seed=config.seed)
     model = build_model(config.model, x.shape[1:], num_classes, seed=config.seed)
     gradients = micro_gradients_fn(model)
-    rng = np.random.default_rng(FLAGS.seed)
+    rng = np.random.default_rng(options.seed)
     rows, started = [], time.time()
-    iterates = FLAGS.iterates
+    iterates = options.iterates
     for step in steps:
         # The readings vary from one iterate of training to the next (|G| along the
         # trajectory): each snapshot step pools `iterates` checkpoints.
         models = []
         for back in reversed(range(iterates)):
-            at = step - back * FLAGS.iterate_spacing
-            load_weights(model, train_to(config_path, overrides, outdir, at))
+            at = step - back * options.iterate_spacing
+            load_weights(model, train_to(options, config_path, overrides, outdir, at))
             models.append([v.numpy() for v in model.trainable_variables])
         for k in ks:
             parts = []
             for i, weights in enumerate(models):
                 for variable, value in zip(model.trainable_variables, weights, strict=True):
                     variable.assign(value)
-                share = FLAGS.draws // iterates + (i < FLAGS.draws % iterates)
+                share = options.draws // iterates + (i < options.draws % iterates)
                 parts.append(readings(gradients, x, y, num_replicas, k, micro, share, rng))
             exact = np.concatenate([p[0] for p in parts])
             estimated = np.concatenate([p[1] for p in parts])
-            resamples = rng.integers(0, len(exact), (FLAGS.bootstrap, len(exact)))
+            resamples = rng.integers(0, len(exact), (options.bootstrap, len(exact)))
             rows.append(paired_row(exact, estimated, target, resamples))
             rows[-1].update(step=step, k=k, batch=num_replicas * k * micro)
             r = rows[-1]
@@ -514,11 +561,19 @@ def measure(
     return rows
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    config_path = config_flags.get_config_filename(FLAGS["config"])
+def run(options: Options, config: Any, config_path: str, overrides: Sequence[str]) -> None:
+    """Measures (or with `report_only` reads back) the rows, then writes and prints the report.
+
+    Args:
+      options: the script's flags.
+      config: the exact-mode run's config (a `ConfigDict`, overrides applied).
+      config_path: its file, for the snapshot run.
+      overrides: the `--config.FIELD=VALUE` arguments, passed on to the snapshot run.
+
+    Raises:
+      absl.app.UsageError: a config or flag the measurement cannot use (named).
+      RuntimeError: a snapshot run that failed, or a checkpoint it did not keep.
+    """
     if config.similarity != "exact":
         raise app.UsageError("The snapshot run is exact mode: leave config.similarity exact.")
     num_replicas, micro = int(config.num_cpu_replicas), int(config.micro_batch_size)
@@ -527,34 +582,31 @@ def main(argv: list[str]) -> None:
             f"Estimated mode pairs replicas: config.num_cpu_replicas must be >= 2. "
             f"Received: {num_replicas}"
         )
-    steps = sorted({int(s) for s in FLAGS.snapshot_steps})
-    ks = [int(k) for k in FLAGS.ks]
-    if not steps or not ks or min(ks) < 1 or FLAGS.iterates < 1:
+    steps = sorted({int(s) for s in options.snapshot_steps})
+    ks = [int(k) for k in options.ks]
+    if not steps or not ks or min(ks) < 1 or options.iterates < 1:
         raise app.UsageError(
             "--snapshot_steps, --ks and --iterates must be positive integers. "
-            f"Received: {FLAGS.snapshot_steps}, {FLAGS.ks}, {FLAGS.iterates}"
+            f"Received: {list(options.snapshot_steps)}, {list(options.ks)}, {options.iterates}"
         )
-    span = (FLAGS.iterates - 1) * FLAGS.iterate_spacing
-    if FLAGS.iterate_spacing < 1 or steps[0] - span < 1 or FLAGS.draws < 2 * FLAGS.iterates:
+    span = (options.iterates - 1) * options.iterate_spacing
+    if options.iterate_spacing < 1 or steps[0] - span < 1 or options.draws < 2 * options.iterates:
         raise app.UsageError(
             "Each snapshot step S pools steps S-(n-1)d, ..., S (n = --iterates, d = "
             "--iterate_spacing >= 1): S-(n-1)d >= 1, and --draws >= 2n. Received: "
-            f"snapshot_steps={FLAGS.snapshot_steps}, iterates={FLAGS.iterates}, "
-            f"iterate_spacing={FLAGS.iterate_spacing}, draws={FLAGS.draws}"
+            f"snapshot_steps={list(options.snapshot_steps)}, iterates={options.iterates}, "
+            f"iterate_spacing={options.iterate_spacing}, draws={options.draws}"
         )
-    outdir = Path(FLAGS.outdir)
+    outdir = Path(options.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    # The config's overrides on this command line go to the snapshot run as well.
-    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-
     target = float(config.policy.target_similarity)
-    if FLAGS.report_only:
+    if options.report_only:
         rows = json.loads((outdir / "results.json").read_text())["rows"]
     else:
-        rows = measure(config, config_path, overrides, outdir, steps, ks, target)
+        rows = measure(options, config, config_path, overrides, outdir, steps, ks, target)
     moves = policy_moves(config, num_replicas * micro, rows)
-    settled = settling(rows, moves, target)
-    followed = following(rows, moves, int(config.policy.initial_batch_size))
+    settled = settling(options, rows, moves, target)
+    followed = following(options, rows, moves, int(config.policy.initial_batch_size))
     report = summarise(rows, target) + settled["report"] + followed["report"]
     (outdir / "results.md").write_text(report)
     (outdir / "results.json").write_text(
@@ -569,7 +621,3 @@ def main(argv: list[str]) -> None:
     )
     print(report)
     print(f"Written: {outdir / 'results.md'}, {outdir / 'results.json'}")
-
-
-if __name__ == "__main__":
-    app.run(main)
