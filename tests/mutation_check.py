@@ -811,6 +811,35 @@ MUTANTS = [
         ),
         "a non-finite test loss is a divergence only if training's loss is not finite too",
     ),
+    Mutant(
+        "attach_skipped_step_shows_the_metrics_mean",
+        "tf_adabatch/keras_fit.py",
+        'out["loss"] = math.nan if lost[-1] else float(logs["loss"][-1])',
+        "pass",
+        (
+            "tests/test_fit_keras.py::test_skipped_steps_show_their_loss_a_count_a_warning_and_terminate_on_nan_stops",
+        ),
+        "an epoch of skipped steps must show nan (it showed 0.0: the restored metrics)",
+    ),
+    Mutant(
+        "attach_skip_cause_ignores_the_lost_update",
+        "tf_adabatch/keras_fit.py",
+        "        if update[first]:",
+        "        if False:",
+        (
+            "tests/test_fit_keras.py::test_skipped_steps_show_their_loss_a_count_a_warning_and_terminate_on_nan_stops",
+        ),
+        "the first skip's warning names its cause: the update, not the gradients",
+    ),
+    Mutant(
+        "progress_bar_hides_skipped_steps",
+        "tf_adabatch/trainer.py",
+        """            *_PROGRESS_KEYS[1:],
+            "skipped_steps",""",
+        "            *_PROGRESS_KEYS[1:],",
+        ("tests/test_trainer.py::test_progress_bar_shows_the_skipped_steps",),
+        "the launcher's progress line counts the skipped steps",
+    ),
 ]
 
 

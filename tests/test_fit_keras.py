@@ -24,7 +24,7 @@ from conftest import get_strategy
 from helpers import mlp, weights
 
 M = 4
-INTERNAL = {"applied", "consecutive_skips", "step", "samples_seen", "skipped_steps"}
+INTERNAL = {"applied", "consecutive_skips", "step", "samples_seen"}
 
 
 def data(num: int, seed: int = 0):
@@ -236,3 +236,66 @@ def test_keras_callbacks_after_attach(tmp_path) -> None:
         if value.tag == "epoch_loss"
     ]
     assert epoch_loss == pytest.approx(history.history["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("replicas", "cause"), [(1, "gradients"), (2, "gradients"), (2, "update")])
+def test_skipped_steps_show_their_loss_a_count_a_warning_and_terminate_on_nan_stops(
+    replicas: int, cause: str
+) -> None:
+    """Issue 42: an epoch whose every step is skipped showed `loss` 0.0 (two replicas)
+    or the last finite mean (one). The reference is stock Keras on the same input:
+    NaN inputs give `loss: nan` and `TerminateOnNaN` stops after one batch. An
+    infinite learning rate makes every update non-finite from finite gradients (rolled
+    back): stock Keras applies the first and shows NaN from then on."""
+    unit = replicas * M
+    x, y, _ = data(8 * unit)
+    bad = np.full_like(x, np.nan) if cause == "gradients" else x
+    lr = 0.1 if cause == "gradients" else np.inf
+    plain = compiled(replicas, lr=lr)
+    expected = plain.fit(bad, y, batch_size=unit, epochs=2, shuffle=False, verbose=0)
+    assert np.isnan(expected.history["loss"]).all()
+
+    model = compiled(replicas, lr=lr)
+    engine = tf_adabatch.attach(model, micro_batch_size=M, policy=tf_adabatch.StaticPolicy(unit))
+    seen: list[tuple[float, float]] = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append((logs["loss"], logs["skipped_steps"]))
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(
+            bad, y, batch_size=unit, epochs=2, shuffle=False, verbose=0, callbacks=[record]
+        )
+    assert np.isnan(history.history["loss"]).all(), history.history
+    assert history.history["skipped_steps"] == [8.0, 16.0]
+    assert [s for _, s in seen] == list(range(1, 17))
+    assert all(np.isnan(loss) for loss, _ in seen)
+    assert int(engine.state.steps.numpy()) == 0
+    skips = [str(w.message) for w in caught if "was skipped" in str(w.message)]
+    assert len(skips) == 1, skips  # once, at the first skip
+    assert skips[0].startswith("Optimizer step 1 was skipped: ")
+    because = "its update was not" if cause == "update" else "its loss was nan"
+    assert because in skips[0], skips[0]
+
+    if cause == "gradients":
+        # TerminateOnNaN stops fit after the first NaN loss: one batch in stock Keras.
+        stock = compiled(replicas)
+        stock.fit(
+            bad,
+            y,
+            batch_size=unit,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras.callbacks.TerminateOnNaN()],
+        )
+        batches = int(stock.optimizer.iterations.numpy())
+        assert batches == 1
+        model.fit(
+            bad,
+            y,
+            batch_size=unit,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras.callbacks.TerminateOnNaN()],
+        )
+        assert int(engine.state.skipped_steps.numpy()) == 16 + batches

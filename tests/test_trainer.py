@@ -114,6 +114,18 @@ def test_progress_bar_shows_batch_gain_similarity_and_learning_rate(capsys) -> N
     assert "/step" in out and "step:" not in out  # the bar itself counts the steps
 
 
+def test_progress_bar_shows_the_skipped_steps(capsys) -> None:
+    """The launcher's progress line (this bar) counts the skipped steps: the first
+    step's 16 examples (2 replicas x M x k = 2) hold a NaN, the next two are clean."""
+    trainer = make_trainer()
+    x, y = regression_data(64)
+    x[:16, 0] = np.nan
+    history = trainer.fit(global_micro_batches(x, y, 2 * M).repeat(), steps=3, verbose=1)
+    assert history["applied"] == [0.0, 1.0, 1.0]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "3/3" in last and "- skipped_steps: 1" in last, last
+
+
 def test_progress_bar_on_a_budget_counts_base_steps_and_shows_optimizer_steps(capsys) -> None:
     strategy = get_strategy(2)
     model = mlp(strategy)

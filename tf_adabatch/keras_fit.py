@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import warnings
 from typing import Any
 
@@ -28,10 +29,11 @@ from tf_adabatch.policies import StaticPolicy
 __all__ = ["LOGGED_KEYS", "attach", "load_model", "track_adaptive_state"]
 
 # The engine's values that `fit` shows in the progress bar and History, beside the
-# compiled loss and metrics (running epoch means, as in plain Keras). The others
-# (noise_scale, grad_sqr, ..., and the bookkeeping: step, applied, consecutive_skips)
-# are read by `AdaBatchTensorBoard` from the engine, not from the logs.
-LOGGED_KEYS = ("batch_size", "gain", "similarity", "learning_rate", "progress")
+# compiled loss and metrics (running epoch means, as in plain Keras): the adaptive
+# values and the count of skipped (non-finite) steps. The others (noise_scale,
+# grad_sqr, ..., and the bookkeeping: step, applied, consecutive_skips) are read by
+# `AdaBatchTensorBoard` from the engine, not from the logs.
+LOGGED_KEYS = ("batch_size", "gain", "similarity", "learning_rate", "progress", "skipped_steps")
 
 
 def attach(
@@ -52,9 +54,18 @@ def attach(
       `steps_per_epoch` in optimizer steps.
     - Logs (bar, callbacks, History): `loss` and the compiled metrics as running
       means over the epoch's micro-batches, updated from each micro-batch's
-      predictions (as plain Keras does per batch), and the adaptive values
-      `LOGGED_KEYS` (batch_size, gain, similarity, learning_rate, progress) of the
-      last optimizer step. Validation, `evaluate` and `predict` are Keras's own.
+      predictions (as plain Keras does per batch), and `LOGGED_KEYS` of the last
+      optimizer step: the adaptive values (batch_size, gain, similarity,
+      learning_rate, progress) and `skipped_steps`, the steps skipped so far.
+      Validation, `evaluate` and `predict` are Keras's own.
+    - A skipped step (non-finite gradients, or a non-finite update rolled back):
+      weights, optimizer and metrics stay as they were, and its logs' `loss` is the
+      loss it saw (NaN or inf when that broke the gradients; finite on a loss-scale
+      overflow, as stock Keras shows it), or NaN when its update was not finite
+      (stock Keras would have applied it and seen NaN next): an epoch that ends
+      skipping shows `loss: nan` as stock Keras does, and
+      `keras.callbacks.TerminateOnNaN` stops `fit`. The first skip warns once
+      (`UserWarning`: the step and its cause).
     - `steps_per_execution=N` (in `compile`): N optimizer steps per call of the train
       function, in a loop on the device (`AdaptiveEngine.train_steps`); callbacks and
       the bar act at block ends, as Keras does. A block stops early where an epoch's
@@ -87,7 +98,7 @@ def attach(
     >>> x = np.random.default_rng(0).normal(size=(80, 3)).astype("float32")
     >>> history = model.fit(x, x.sum(1), batch_size=8, epochs=2, verbose=0)
     >>> sorted(history.history)
-    ['batch_size', 'gain', 'learning_rate', 'loss', 'mae', 'progress', 'similarity']
+    ['batch_size', 'gain', 'learning_rate', 'loss', 'mae', 'progress', 'similarity', 'skipped_steps']
     >>> history.history["batch_size"], int(engine.state.steps)  # 10 micro-batches, k = 2
     ([16.0, 16.0], 10)
     """
@@ -238,6 +249,7 @@ class _FitBinding:
         self.budget: float | None = None  # a ProgressBudget's, during fit
         self._expect_train_iterator = False
         self._metrics_result: Any = None
+        self._warned_skip = False
 
     # ------------------------------------------------------------ train function
 
@@ -260,7 +272,51 @@ class _FitBinding:
             self._metrics_result = tf.function(self.model.get_metrics_result)
         out = dict(self._metrics_result())
         out.update({name: self.step_logs[name] for name in LOGGED_KEYS})
+        applied = logs["applied"]
+        if not applied.all():
+            self._warn_first_skip(logs)
+        if not applied[-1]:
+            # The metrics hold the applied steps only (the skip restored them); the
+            # step's own loss tells the callbacks (TerminateOnNaN) and History: the
+            # loss it saw (finite for a loss-scale overflow, as in stock Keras), NaN
+            # for an update that was not finite (stock Keras would apply it and see
+            # NaN next).
+            lost = getattr(logs, "update_not_finite", np.zeros(len(applied), bool))
+            out["loss"] = math.nan if lost[-1] else float(logs["loss"][-1])
         return out
+
+    def _warn_first_skip(self, logs: dict[str, np.ndarray]) -> None:
+        """Warns once per attached model, at its first skipped step: which, and why."""
+        if self._warned_skip:
+            return
+        self._warned_skip = True
+        first = int(np.flatnonzero(logs["applied"] == 0)[0])
+        update = getattr(logs, "update_not_finite", np.zeros(len(logs["applied"]), bool))
+        loss = float(logs["loss"][first])
+        if update[first]:
+            cause = (
+                "its gradients were finite but its update was not (NaN or inf in a weight "
+                "or an optimizer variable; rolled back): the learning rate may be too high"
+            )
+        elif math.isfinite(loss):
+            cause = f"its gradients were not finite (NaN or inf; its loss, {loss:.4g}, was)"
+        else:
+            cause = f"its loss was {loss} and its gradients were not finite"
+        limit = self.engine.max_consecutive_skips
+        stop = (
+            f"fit stops after {limit} skipped in a row (`max_consecutive_skips`)"
+            if limit is not None
+            else "fit does not stop on skips (`max_consecutive_skips=None`)"
+        )
+        warnings.warn(
+            f"Optimizer step {int(logs['step'][first])} was skipped: {cause}. The weights, "
+            "optimizer and adaptive state are those of the step before. The logs show the "
+            f"loss it saw (NaN for a lost update) and count the skips in `skipped_steps`; "
+            f"{stop}. "
+            "(Warned once.)",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def update_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Keras's `train_step` metric updates for one micro-batch (replica context)."""

@@ -22,6 +22,7 @@ __all__ = [
     "LOG_NAMES",
     "STEP_LOGS",
     "UPDATE_LOST",
+    "CallLogs",
     "NonFiniteGradientsError",
     "NonFiniteUpdateError",
     "read_call",
@@ -71,6 +72,23 @@ class NonFiniteUpdateError(NonFiniteGradientsError):
     """
 
 
+class CallLogs(dict):
+    """`read_call`'s logs (name -> one value per step), and why each skipped step was
+    skipped: `update_not_finite[i]` is True where step i's gradients were finite and
+    its update was not (rolled back), False where its gradients were not finite.
+
+    >>> logs = CallLogs({"applied": np.array([0.0])})
+    >>> logs.update_not_finite.tolist(), dict(logs)
+    ([False], {'applied': array([0.])})
+    """
+
+    def __init__(self, *args: Any, update_not_finite: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if update_not_finite is None:
+            update_not_finite = np.zeros(len(self.get("applied", ())), bool)
+        self.update_not_finite = np.asarray(update_not_finite, bool)
+
+
 def read_call(
     values: np.ndarray,
     seconds: float,
@@ -93,7 +111,7 @@ def read_call(
 
     Returns:
       `STEP_LOGS` and step_time, examples_per_second, progress_per_second, one array
-      each, one entry per step.
+      each, one entry per step (a `CallLogs`, which also says why a step was skipped).
 
     Raises:
       NonFiniteUpdateError: a non-finite update that was not undone.
@@ -137,4 +155,4 @@ def read_call(
             f"the last good step ({applied_steps} applied). Check the data, the learning rate "
             "and the loss; raise `max_consecutive_skips` to tolerate more."
         )
-    return logs
+    return CallLogs(logs, update_not_finite=lost > 0)

@@ -32,6 +32,8 @@ __all__ = ["Trainer"]
 # counts base steps (progress tau) and "step" is the optimizer steps taken (skipped ones
 # included); on a step count the bar counts optimizer steps and "progress" is tau.
 _PROGRESS_KEYS = ("loss", "batch_size", "similarity", "gain", "learning_rate")
+# Shown on the bar as whole numbers.
+_COUNTS = ("step", "skipped_steps")
 
 
 class Trainer:
@@ -216,7 +218,8 @@ class Trainer:
             `on_train_batch_begin/end(step, logs)` once per optimizer step, and may
             stop training with `model.stop_training = True`.
           verbose: 1 shows a progress bar with the loss, batch size, similarity, gain
-            and learning rate of the last step. With `steps` it counts optimizer steps
+            and learning rate of the last step and `skipped_steps`, the non-finite
+            steps skipped so far (the run's count). With `steps` it counts optimizer steps
             and also shows `progress`; on a progress budget alone it counts base steps
             (progress tau) and also shows `step`, the optimizer steps taken (skipped
             ones included). 0 prints nothing.
@@ -260,7 +263,12 @@ class Trainer:
         # Without a step count the bar runs on progress tau towards the budget.
         by_progress = steps is None
         progbar = None
-        shown = ("loss", "step" if by_progress else "progress", *_PROGRESS_KEYS[1:])
+        shown = (
+            "loss",
+            "step" if by_progress else "progress",
+            *_PROGRESS_KEYS[1:],
+            "skipped_steps",
+        )
         if verbose:
             target = until_progress if by_progress else steps
             unit = "base step" if by_progress else "step"
@@ -311,7 +319,7 @@ class Trainer:
                 if by_progress and until_progress is not None:
                     current = min(values["progress"], until_progress)
                 shown_values = [
-                    (name, _Whole(values[name]) if name == "step" else values[name])
+                    (name, _Whole(values[name]) if name in _COUNTS else values[name])
                     for name in shown
                 ]
                 progbar.step_done(current, shown_values)
