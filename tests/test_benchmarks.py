@@ -244,7 +244,8 @@ def test_efficiency_options_are_the_scripts_flags() -> None:
     for field in dataclasses.fields(efficiency.Options):
         default = getattr(efficiency.Options(), field.name)
         define = {tuple: flags.DEFINE_list, float: flags.DEFINE_float, int: flags.DEFINE_integer}
-        define.get(type(default), flags.DEFINE_string)(field.name, default, "", flag_values=values)
+        value = list(default) if isinstance(default, tuple) else default
+        define.get(type(default), flags.DEFINE_string)(field.name, value, "", flag_values=values)
     values(["prog", "--seeds=3,4", "--override=num_cpu_replicas=2"])
     options = efficiency.Options.from_flags(values)
     assert options.seeds == ("3", "4") and options.override == ("num_cpu_replicas=2",)
