@@ -1,11 +1,12 @@
-r"""A byte-level transformer language model on the Python standard library's own source.
+r"""A byte-level transformer language model on generated Python source.
 
     python launch/train.py --config=configs/text_lm.py --workdir=workdir/text_lm
 
 The second workload family: a decoder-only transformer (3 blocks, width 128, ~0.67M
-parameters) predicts the next byte of 64-byte windows of 85 standard-library modules and is
-evaluated on 9 others (`tf_adabatch.app.data.python_text`: the corpus is pinned by its file
-lists and hashes; no network). Its evaluation reports the validation loss in bits per byte
+parameters) predicts the next byte of 64-byte windows of 90 modules of Python source and is
+evaluated on 10 others (`tf_adabatch.app.data.python_text`: the modules are generated from a
+fixed seed by a small grammar of Python, the same bytes on every Python, and pinned by
+their hashes; no network). Its evaluation reports the validation loss in bits per byte
 (`bits_per_byte`, also in metrics.json as `test_bits_per_byte`).
 
 2 logical CPU replicas x micro-batch 16: the batch starts at B0 = 32 windows (2,048 bytes)

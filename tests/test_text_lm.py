@@ -4,9 +4,6 @@ the config's rules (configs/text_lm.py runs end to end in tests/test_launch.py).
 from __future__ import annotations
 
 import hashlib
-import shutil
-import sysconfig
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,29 +23,51 @@ def test_windows_pair_each_byte_with_the_next_one() -> None:
         python_text.windows(data, sequence_length=0)
 
 
-def test_the_corpus_is_the_pinned_one_split_by_file() -> None:
+def test_the_corpus_is_the_pinned_one_split_by_module() -> None:
     train, validation = (python_text.corpus(s) for s in ("train", "validation"))
     # corpus() checked each split's SHA-256; recomputed here so the check cannot be skipped.
     for split, data in (("train", train), ("validation", validation)):
         assert hashlib.sha256(data).hexdigest() == python_text.SHA256[split]
-    assert (len(train), len(validation)) == (2_067_392, 222_654)
-    assert not set(python_text.FILES["train"]) & set(python_text.FILES["validation"])
+    assert (len(train), len(validation)) == (2_366_714, 219_405)
+    modules = python_text.MODULES
+    assert not set(modules["train"]) & set(modules["validation"])
+    assert sorted(modules["train"] + modules["validation"]) == list(range(100))
+    assert validation == b"".join(python_text.module_source(i) for i in modules["validation"])
     (x, _), (xv, yv) = python_text.load()
     assert x.shape == ((len(train) - 1) // 64, 64) and xv.shape == ((len(validation) - 1) // 64, 64)
     assert bytes(x[0].astype(np.uint8)) == train[:64]
     assert int(yv[-1, -1]) == validation[64 * len(xv)]  # the byte after the last window
 
 
-def test_another_standard_library_is_refused_with_the_split_and_both_hashes(tmp_path) -> None:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for name in python_text.FILES["validation"]:
-        shutil.copy(stdlib / f"{name}.py", tmp_path / f"{name}.py")
-    assert python_text.corpus("validation", stdlib=str(tmp_path))  # an exact copy passes
-    changed = tmp_path / "code.py"
-    changed.write_bytes(changed.read_bytes() + b"\n")
+def test_the_corpus_is_python_source_of_the_interpreters_independent_generator() -> None:
+    """Every module is Python that compiles without a warning (the grammar's), ASCII,
+    and the same bytes from a fresh generator (no state carried between modules or
+    calls)."""
+    import warnings
+
+    for index in (0, 5, 99):
+        source = python_text.module_source(index)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compile(source, f"<module {index}>", "exec")
+        assert source == python_text.module_source(index)
+        assert source.isascii() and 8_000 <= len(source) < 60_000
+    assert python_text.module_source(0) != python_text.module_source(1)
+
+
+def test_a_corpus_that_differs_is_refused_with_one_line_naming_the_split_and_both_hashes() -> None:
+    copy = python_text.module_source
+    assert python_text.corpus("validation", modules=copy)  # the same bytes pass
+
+    def changed(index: int) -> bytes:
+        return copy(index) + (b"\n" if index == 15 else b"")
+
     with pytest.raises(ValueError, match=r"validation split.*not the pinned") as err:
-        python_text.corpus("validation", stdlib=str(tmp_path))
-    assert python_text.SHA256["validation"] in str(err.value) and str(tmp_path) in str(err.value)
+        python_text.corpus("validation", modules=changed)
+    message = str(err.value)
+    assert python_text.SHA256["validation"] in message and "\n" not in message
+    digest = hashlib.sha256(b"".join(changed(i) for i in python_text.MODULES["validation"]))
+    assert digest.hexdigest() in message
     with pytest.raises(ValueError, match=r"split.*Received: split='test'"):
         python_text.corpus("test")
 
