@@ -16,10 +16,12 @@ Keras's on an optimizer without an `AdaptiveLearningRate`. Under `tf_adabatch.at
 `model.fit` also redirects Keras's own instances of these classes for the duration of
 the call (`redirected`), so a Keras script needs no change.
 
-Keras reaches the optimizer in private methods of these classes: the seams
+Keras reaches the optimizer in private methods of these classes (Keras >= 3.15), or
+through `self.model.optimizer` in their epoch hooks (Keras 3.10 - 3.14): the seams
 `RedirectedReduceLROnPlateau`, `RedirectedLearningRateScheduler` and
-`redirecting_subclass` of `tf_adabatch._keras_seams` (pinned by
-tests/test_keras_private.py).
+`redirecting_subclass` of `tf_adabatch._keras_seams` redirect either (pinned by
+tests/test_keras_private.py, the older form checked on every Keras by
+tests/test_keras_versions.py).
 """
 
 from __future__ import annotations
