@@ -840,6 +840,26 @@ MUTANTS = [
         ("tests/test_trainer.py::test_progress_bar_shows_the_skipped_steps",),
         "the launcher's progress line counts the skipped steps",
     ),
+    Mutant(
+        "orphan_data_left_in_place",
+        "tf_adabatch/app/checkpoints.py",
+        'if "index" not in parts:',
+        "if False:",
+        ("tests/test_checkpoints.py::test_leftovers_of_killed_saves_are_set_aside_with_one_line",),
+        "a checkpoint's data without its index (a kill in the rotation) is set aside, not left",
+    ),
+    Mutant(
+        "stopped_weights_not_judged",
+        "tf_adabatch/app/records.py",
+        """        if self.factor is not None and step is not None:
+            self._next_loss[step] = loss""",
+        """        if False:
+            self._next_loss[step] = loss""",
+        (
+            "tests/test_workdir.py::test_after_an_exploding_update_the_error_says_what_a_rerun_at_a_sane_rate_does",
+        ),
+        "a checkpoint of exploded weights (its next steps skipped) must not be recommended",
+    ),
 ]
 
 

@@ -132,6 +132,42 @@ def test_no_readable_checkpoint_stops_and_changes_nothing(workdir: Path) -> None
     assert files(ckpts) == before
 
 
+def test_leftovers_of_killed_saves_are_set_aside_with_one_line(workdir: Path, capsys) -> None:
+    """Issue 42: a kill inside the manager's rotation leaves an old checkpoint's data
+    without its index (or the reverse); a kill inside a save, ckpt-N_temp/. The next
+    start resumes from ckpt-4, renames the two incomplete older ones
+    `ckpt-N.leftover-<time>.*` with their bytes intact, removes the temporary, and says
+    so in one line."""
+    ckpts = workdir / "checkpoints"
+    data = "data-00000-of-00001"
+    (ckpts / f"ckpt-1.{data}").write_bytes((ckpts / f"ckpt-2.{data}").read_bytes())
+    (ckpts / "ckpt-3.index").write_bytes((ckpts / "ckpt-2.index").read_bytes())
+    (ckpts / "ckpt-6_temp").mkdir()
+    (ckpts / "ckpt-6_temp" / "part-00000-of-00001.index").write_bytes(b"partial")
+    orphans = {f"ckpt-1.{data}": "ckpt-1.leftover-", "ckpt-3.index": "ckpt-3.leftover-"}
+    before = {name: (ckpts / name).read_bytes() for name in orphans}
+    metrics = app.run(config(**{"train.max_steps": 5}), str(workdir))
+    out, err = capsys.readouterr()
+    assert f"Resumed from {ckpts / 'ckpt-4'}: step 4," in out
+    assert metrics["optimizer_steps"] == 5
+    lines = [line for line in err.splitlines() if "leftover" in line]
+    assert lines == [
+        "warning: leftovers of killed saves: removed the unmerged save temporaries "
+        "ckpt-6_temp; set aside ckpt-1 (no index), ckpt-3 (no data) as "
+        f"ckpt-N.leftover-<time>.* in {ckpts}"
+    ], err
+    checked = 0
+    for name, prefix in orphans.items():
+        suffix = name.split(".", 1)[1]
+        (moved,) = [p for p in ckpts.iterdir() if p.name.startswith(prefix)]
+        assert moved.name.endswith(f".{suffix}") and moved.read_bytes() == before[name]
+        assert not (ckpts / name).exists()
+        checked += 1
+    assert checked == 2
+    assert not list(ckpts.glob("*_temp*"))
+    assert checkpoints.checkpoint_numbers(str(ckpts)) == [5, 4]
+
+
 def test_stale_save_temporaries_are_removed_and_allowed_changes_resume(
     workdir: Path, capsys
 ) -> None:

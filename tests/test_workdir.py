@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import signal
 import socket
@@ -178,7 +179,9 @@ def test_a_resume_that_diverges_leaves_the_good_checkpoint_for_a_sane_rerun(
             verbose=0,
         )
     assert checkpoint_numbers(str(ckpts))[0] == 8
-    assert "The newest checkpoint, ckpt-8, predates" in str(info.value)
+    assert "A rerun of this workdir resumes from ckpt-8, the newest checkpoint left" in str(
+        info.value
+    )
     aside = sorted(int(p.name.split(".")[0][5:]) for p in ckpts.glob("ckpt-*.diverged-*.index"))
     assert aside and all(step > 8 for step in aside), aside
     warned = capsys.readouterr().err
@@ -195,15 +198,46 @@ def test_a_run_that_explodes_at_once_leaves_no_checkpoint_to_resume(tmp_path: Pa
     aside, the error says a rerun starts over, and one at a sane rate does."""
     with pytest.raises(tf_adabatch.NonFiniteGradientsError) as info:
         app.run(diverging(**{"train.max_consecutive_skips": 3}), str(tmp_path), verbose=0)
-    assert "No checkpoint predates it: a rerun (with a lower learning rate) starts over." in str(
-        info.value
-    )
+    assert "a rerun of this workdir starts over from step 0" in str(info.value)
     assert checkpoint_numbers(str(tmp_path / "checkpoints")) == []
     metrics = app.run(
         diverging(**{"optimizer.learning_rate": 0.05, "train.max_steps": 8}),
         str(tmp_path),
         verbose=0,
     )
+    assert math.isfinite(metrics["test_loss"]) and metrics["optimizer_steps"] == 8
+
+
+def test_after_an_exploding_update_the_error_says_what_a_rerun_at_a_sane_rate_does(
+    tmp_path: Path, capsys
+) -> None:
+    """Issue 42: learning rate 1e30 (the synthetic config's own policy and rule): the
+    first update is finite but enormous, its checkpoint is written, and the next steps'
+    updates are not finite (skipped) until the run stops. The checkpoint holds the
+    exploded weights: the error must not recommend it. Whatever the error says a rerun
+    does (resume from ckpt-N, or start over), the rerun at 0.05 does exactly that and
+    finishes with a finite test loss."""
+    c = {"train.checkpoint_every_steps": 1, "train.max_consecutive_skips": 5}
+    with pytest.raises(tf_adabatch.NonFiniteGradientsError) as info:
+        app.run(config(**c, **{"optimizer.learning_rate": 1e30}), str(tmp_path), verbose=0)
+    message = str(info.value)
+    resumes = re.search(r"A rerun of this workdir resumes from (ckpt-\d+)", message)
+    starts_over = "a rerun of this workdir starts over from step 0" in message
+    assert bool(resumes) != starts_over, message
+    ckpts = tmp_path / "checkpoints"
+    aside = sorted(p.name for p in ckpts.glob("ckpt-*.diverged-*.index"))
+    assert aside, (message, sorted(p.name for p in ckpts.iterdir()))
+    capsys.readouterr()
+    metrics = app.run(
+        config(**c, **{"optimizer.learning_rate": 0.05, "train.max_steps": 8}),
+        str(tmp_path),
+        verbose=1,
+    )
+    out = capsys.readouterr().out
+    if resumes:
+        assert f"Resumed from {ckpts / resumes.group(1)}:" in out, out
+    else:
+        assert "Resumed from" not in out, out
     assert math.isfinite(metrics["test_loss"]) and metrics["optimizer_steps"] == 8
 
 

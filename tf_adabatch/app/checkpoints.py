@@ -5,7 +5,11 @@ state file says): a damaged newer one is renamed `ckpt-N.damaged-<time>.*` with 
 one-line warning, never deleted or overwritten; if checkpoints exist but none is
 readable, or `fingerprint.json` shows another job wrote them, the resume stops with
 `ResumeError` rather than start over. A kill during a save leaves `ckpt-N_temp*`
-files, never recorded: `clean_temporaries` removes them before a resume.
+files, never recorded: `clean_temporaries` removes them before a resume. A kill during
+the manager's rotation (it deletes an old checkpoint's index, then its data) leaves an
+older checkpoint's data without its index (or an index without its data):
+`set_aside_leftovers` renames those `ckpt-N.leftover-<time>.*` once a newer checkpoint
+was restored.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "fingerprint",
     "restore_newest_readable",
     "set_aside",
+    "set_aside_leftovers",
     "settings",
     "write_fingerprint",
     "write_json_atomically",
@@ -75,26 +80,83 @@ def checkpoint_numbers(directory: str) -> list[int]:
     return sorted(found, reverse=True)
 
 
-def clean_temporaries(directory: str) -> None:
-    """Removes what a kill during a save left behind (`ckpt-N_temp*`, never recorded).
+def clean_temporaries(directory: str) -> list[str]:
+    """Removes what a kill during a save left behind (`ckpt-N_temp*`, never recorded:
+    the shards of a save that was not merged into `ckpt-N.*`). Returns their names.
 
     >>> import tempfile
     >>> directory = tempfile.mkdtemp()
     >>> os.makedirs(os.path.join(directory, "ckpt-3_temp", "part-0"))
     >>> open(os.path.join(directory, "ckpt-2.index"), "w").close()
     >>> clean_temporaries(directory)
+    ['ckpt-3_temp']
     >>> os.listdir(directory)
     ['ckpt-2.index']
     """
     if not os.path.isdir(directory):
-        return
-    for name in os.listdir(directory):
+        return []
+    removed = []
+    for name in sorted(os.listdir(directory)):
         if re.match(r"^ckpt-\d+_temp", name):
             path = os.path.join(directory, name)
             if os.path.isdir(path):
                 tf.io.gfile.rmtree(path)
             else:
                 os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def set_aside_leftovers(directory: str, restored: int) -> list[str]:
+    """Renames the incomplete checkpoints older than `restored` (the one resumed from):
+    data without its index, an index without its data, or some of its data shards
+    missing, as a kill inside the manager's rotation or a save leaves them. Their files
+    become `ckpt-N.leftover-<time>.*` (kept, never deleted: an unreadable piece is
+    still the user's), and the `checkpoint` state file names the complete ones left.
+
+    Returns:
+      One "ckpt-N (what was missing)" per checkpoint set aside.
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> for name in ("ckpt-1.data-00000-of-00001", "ckpt-2.index",
+    ...              "ckpt-3.index", "ckpt-3.data-00000-of-00001"):
+    ...     open(os.path.join(directory, name), "w").close()
+    >>> set_aside_leftovers(directory, 3)
+    ['ckpt-1 (no index)', 'ckpt-2 (no data)']
+    >>> checkpoint_numbers(directory), len(os.listdir(directory))
+    ([3], 5)
+    """
+    found: dict[int, set[str]] = {}
+    for name in os.listdir(directory):
+        m = _CKPT_FILE.match(name)
+        if m and int(m.group(1)) < restored:
+            found.setdefault(int(m.group(1)), set()).add(m.group(2))
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for number in sorted(found):
+        parts = found[number]
+        data = sorted(p for p in parts if p != "index")
+        totals = {int(p.rsplit("-of-", 1)[1]) for p in data}
+        missing = None
+        if "index" not in parts:
+            missing = "no index"
+        elif not data:
+            missing = "no data"
+        elif len(totals) != 1 or len(data) != min(totals):
+            missing = f"{len(data)} data shards of {max(totals)}"
+        if missing is not None:
+            _move_aside(directory, number, stamp, "leftover")
+            moved.append(f"ckpt-{number} ({missing})")
+    if moved:
+        left = [
+            n
+            for n in sorted(checkpoint_numbers(directory))
+            if n <= restored and os.path.exists(os.path.join(directory, f"ckpt-{n}.index"))
+        ]
+        if left:
+            _write_state_file(directory, left)
+    return moved
 
 
 def _short(err: BaseException) -> str:

@@ -671,7 +671,7 @@ def _run_locked(
     own_dir = os.path.join(outdir, "checkpoints")  # this process's (the chief's: chief_dir)
     tensorboard = os.path.join(outdir, "tensorboard")
     check_writable(own_dir, os.path.join(tensorboard, "train"), os.path.join(tensorboard, "eval"))
-    checkpoints.clean_temporaries(own_dir)
+    removed = checkpoints.clean_temporaries(own_dir)
     chief_dir = os.path.join(workdir, "checkpoints")
     fingerprint = checkpoints.fingerprint(config, model, num_classes)
     current_settings = checkpoints.settings(config)
@@ -682,6 +682,20 @@ def _run_locked(
     latest, notes = checkpoints.restore_newest_readable(trainer, chief_dir, repair=chief)
     for note in notes:
         print(f"warning: {note}; resuming from {latest}", file=sys.stderr)
+    # What killed saves left: temporaries (removed), older incomplete checkpoints (set
+    # aside, kept): one line.
+    leftovers = []
+    if removed:
+        leftovers.append(f"removed the unmerged save temporaries {', '.join(removed)}")
+    if latest and chief:
+        restored_number = int(latest.rsplit("-", 1)[1])
+        aside = checkpoints.set_aside_leftovers(chief_dir, restored_number)
+        if aside:
+            leftovers.append(
+                f"set aside {', '.join(aside)} as ckpt-N.leftover-<time>.* in {chief_dir}"
+            )
+    if leftovers:
+        print(f"warning: leftovers of killed saves: {'; '.join(leftovers)}", file=sys.stderr)
     if latest:
         record.restore_from(latest)
         log(
@@ -757,8 +771,27 @@ def _run_locked(
         )
 
     guard = records.DivergenceGuard(
-        record, factor=config.train.divergence_factor, set_aside=set_aside
+        record,
+        factor=config.train.divergence_factor,
+        set_aside=set_aside,
+        chance=math.log(num_classes),
     )
+    if latest:  # the next loss judges the resumed weights too
+        guard.saved(restored)
+    # Training examples for the loss of the weights in memory, when a stop must judge them.
+    train_check = pipeline.eval_dataset(
+        x[: len(x_test)], y[: len(x_test)], config.train.eval_batch_size
+    )
+
+    def train_loss() -> float:
+        return float(trainer.evaluate(train_check, metrics=evaluation.metrics)["loss"])
+
+    def judge_stopped_weights() -> None:
+        # Stopped on skips with no step applied since the newest checkpoint (written or
+        # resumed from): the weights in memory are its own; their loss judges it.
+        if guard.judging_a_checkpoint():
+            guard.judge_stopped_weights(train_loss())
+
     saving = CheckpointEvery(
         manager,
         every=config.train.checkpoint_every_steps,
@@ -786,8 +819,11 @@ def _run_locked(
                 steps_per_execution=config.train.steps_per_execution,
             )
         except NonFiniteGradientsError as err:
+            judge_stopped_weights()
             guard.set_aside_suspects(checkpoints.checkpoint_numbers(own_dir))
-            raise NonFiniteGradientsError(f"{err} {_newest_checkpoint(own_dir)}") from err
+            raise NonFiniteGradientsError(
+                f"{err} {_newest_checkpoint(own_dir, guard.set_aside_steps)}"
+            ) from err
         saving.save_final(
             step=total_steps(trainer),
             consecutive_skips=int(trainer.state.consecutive_skips.numpy()),
@@ -797,16 +833,9 @@ def _run_locked(
         if not multi_worker:
             raise
         raise workers.worker_lost(err, chief_dir) from err
-    train_check = pipeline.eval_dataset(
-        x[: len(x_test)], y[: len(x_test)], config.train.eval_batch_size
-    )
-    _check_converging(
-        trainer,
-        guard,
-        result,
-        own_dir,
-        train_loss=lambda: trainer.evaluate(train_check, metrics=evaluation.metrics)["loss"],
-    )
+    if int(trainer.state.consecutive_skips.numpy()):
+        judge_stopped_weights()
+    _check_converging(trainer, guard, result, own_dir, train_loss=train_loss)
     metrics = write_metrics(
         os.path.join(outdir, "metrics.json"),
         trainer,
@@ -825,15 +854,28 @@ def _run_locked(
     return metrics
 
 
-def _newest_checkpoint(directory: str) -> str:
-    """A sentence naming the checkpoint a rerun would resume from."""
+def _newest_checkpoint(directory: str, set_aside: list[int] | None = None) -> str:
+    """What a rerun of the workdir does: the checkpoint it resumes from, or that it
+    starts over; and the checkpoints set aside (kept, renamed), if any.
+
+    >>> import tempfile
+    >>> _newest_checkpoint(tempfile.mkdtemp(), [1])
+    'No checkpoint is left to resume from (set aside, kept as ckpt-N.diverged-*: ckpt-1): a rerun of this workdir starts over from step 0; lower the learning rate first.'
+    """
     numbers = checkpoints.checkpoint_numbers(directory)
+    aside = ""
+    if set_aside:
+        names = ", ".join(f"ckpt-{n}" for n in sorted(set(set_aside), reverse=True))
+        aside = f" (set aside, kept as ckpt-N.diverged-*: {names})"
     if not numbers:
-        return "No checkpoint predates it: a rerun (with a lower learning rate) starts over."
+        return (
+            f"No checkpoint is left to resume from{aside}: a rerun of this workdir starts "
+            "over from step 0; lower the learning rate first."
+        )
     return (
-        f"The newest checkpoint, ckpt-{numbers[0]}, predates the skipped (and any "
-        "exploding) steps: rerun with a lower learning rate to resume from it, or use a new "
-        "--workdir."
+        f"A rerun of this workdir resumes from ckpt-{numbers[0]}, the newest checkpoint "
+        f"left{aside}, which predates the skipped (and any exploding) steps: rerun with a "
+        "lower learning rate to go on from it, or use a new --workdir to start over."
     )
 
 
@@ -895,4 +937,6 @@ def _check_converging(
     else:
         return
     guard.set_aside_suspects(checkpoints.checkpoint_numbers(directory))
-    raise records.Diverged(f"The run diverged: {reason}. {_newest_checkpoint(directory)}")
+    raise records.Diverged(
+        f"The run diverged: {reason}. {_newest_checkpoint(directory, guard.set_aside_steps)}"
+    )

@@ -144,6 +144,10 @@ class DivergenceGuard:
         disables the guard.
       set_aside: called with the number of a checkpoint to move out of the way and
         the loss that condemned it (the next one after it).
+      chance: the loss of a uniform guess (ln of the classes for a cross-entropy):
+        before the first window's mean exists, a stopped run's checkpoint whose next
+        loss is above `factor` times it is suspect (`set_aside_suspects`,
+        `judge_stopped_weights`); None: no such reference.
 
     Example:
 
@@ -169,8 +173,10 @@ class DivergenceGuard:
         *,
         factor: float | None,
         set_aside: Callable[[int, float], None] | None = None,
+        chance: float | None = None,
     ) -> None:
         self.record, self.factor, self._set_aside = record, factor, set_aside
+        self.chance = chance
         self._sum = 0.0
         self._count = 0
         self.last_loss = math.nan
@@ -203,17 +209,55 @@ class DivergenceGuard:
     def set_aside_suspects(self, kept: list[int]) -> None:
         """The run diverged: sets aside, newest first, this process's checkpoints among
         `kept` (those still on disk) whose next loss was above the first window's mean
-        or not finite, up to the first that was not (see the class docstring)."""
+        (before any window: above `factor` x `chance`) or not finite, up to the first
+        that was not (see the class docstring)."""
         if self.factor is None:
             return
-        first = float(self.record.first_loss.numpy())
+        bound = self._suspect_above()
         for step in sorted(kept, reverse=True):
             if step not in self._next_loss:
                 return  # written by an earlier process, or never judged: kept
             loss = self._next_loss[step]
-            if math.isfinite(loss) and not (math.isfinite(first) and loss > first):
+            if math.isfinite(loss) and not loss > bound:
                 return
             self._aside(step)
+
+    def _suspect_above(self) -> float:
+        """The next loss above which a stopped run's checkpoint is suspect."""
+        first = float(self.record.first_loss.numpy())
+        if math.isfinite(first):
+            return first
+        if self.chance is not None and self.factor is not None:
+            return self.factor * self.chance
+        return math.inf
+
+    def judging_a_checkpoint(self) -> bool:
+        """Whether a checkpoint awaits its next loss (no loss counted since it was
+        written or resumed from): the weights in memory are still its own."""
+        return self.factor is not None and self._pending is not None
+
+    def judge_stopped_weights(self, loss: float) -> None:
+        """The run stopped (on skipped steps) while no loss was counted since the
+        checkpoint the next loss would judge (written, or resumed from, by this
+        process): the weights in memory are that checkpoint's, and `loss` is theirs on
+        training examples. Their skipped steps' NaN losses were not counted (they may be
+        the data's); this loss is the weights' own, and `set_aside_suspects` judges the
+        checkpoint by it: a resume from weights whose loss is not finite, or worse than
+        early training, would only repeat the failure.
+
+        >>> aside = []
+        >>> guard = DivergenceGuard(RunRecord({}), factor=10.0, chance=2.3,
+        ...                         set_aside=lambda step, loss: aside.append((step, loss)))
+        >>> guard.observe(2.3); guard.saved(1)  # step 1 applied, then saved
+        >>> guard.observe(float("nan"), applied=False)  # skipped: not counted
+        >>> guard.judge_stopped_weights(4e30)
+        >>> guard.set_aside_suspects([1])
+        >>> aside
+        [(1, 4e+30)]
+        """
+        step, self._pending = self._pending, None
+        if self.factor is not None and step is not None:
+            self._next_loss[step] = loss
 
     def saved(self, step: int) -> None:
         """Checkpoint `step` was written: the next loss judges its weights."""
