@@ -42,7 +42,10 @@ B_init) and the clock, the statistics it sees interpolated between the traces at
    N)` (the virtual clock's price: `tf_adabatch.VirtualClock`), with no time for
    evaluations, checkpoints or batch changes.
 5. Decisions. The policy is consulted at decision points every `tau_end / decisions` of
-   progress (tau_end: the traces' last epoch), `DECISIONS` = 64 by default. At each,
+   progress (tau_end: the traces' last epoch), `DECISIONS` = 64 by default, and early on
+   also whenever progress has doubled since the last one (at least tau_end / decisions /
+   64 apart): without these, a run that starts small spent a whole spacing (thousands of
+   steps on NCF) at its first batch. At each,
    `calls` (`CALLS` = 4) consecutive optimizer steps run through the policy object, each
    one call of a `tf.function` (the statistics held at the decision's progress, each step's
    progress, gain, similarity and noise scale given to the policy, and for the goodput
@@ -515,7 +518,8 @@ def replay_policy(
             tau, seconds, steps, batch_steps = tau + r, seconds + t, steps + 1, batch_steps + batch
             count, batch = count + 1, int(new)
         index = (batch - low) // unit
-        to = min((math.floor(tau / spacing + 1e-9) + 1) * spacing, goal[index])
+        grid = (math.floor(tau / spacing + 1e-9) + 1) * spacing
+        to = min(grid, max(2.0 * tau, tau + spacing / 64), goal[index])
         if to > tau:
             n = workload.steps_between(tau, to, batch)
             seconds, steps, batch_steps = (
