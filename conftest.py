@@ -27,8 +27,14 @@ tf.config.set_logical_device_configuration(
 )
 
 import keras
+from hypothesis import settings
 
 import tf_adabatch
+
+# Property tests draw the same cases on every run (a seed derived from each test), and
+# keep no example database between runs: the suite stays deterministic.
+settings.register_profile("deterministic", derandomize=True, database=None, deadline=None)
+settings.load_profile("deterministic")
 
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
 
