@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the test environment active):
 
-    python tests/mutation_check.py            # every mutant (79; about 23 minutes here)
+    python tests/mutation_check.py            # every mutant (see --list; CONTRIBUTING: time)
     python tests/mutation_check.py --list     # the mutants and the tests run against each
     python tests/mutation_check.py --only stats_n_instead_of_n_minus_1 --only tau_plus_scale
 
@@ -18,6 +18,7 @@ tests run there (`PYTHONPATH` = the copy, `-x`, bounded by a timeout). Results:
 First the unmutated copy runs every selected test once (the baseline; skip it with
 --no-baseline): if it fails, the check stops with exit code 2.
 
+At the end a table counts, per module of `tf_adabatch/`, the mutants run and caught.
 The exit code is 0 only if every mutant was CAUGHT. Not part of `pytest` (the file name
 does not match `test_*.py`). Run it before and after changing the engine.
 """
@@ -860,6 +861,103 @@ MUTANTS = [
         ),
         "a checkpoint of exploded weights (its next steps skipped) must not be recommended",
     ),
+    # ------------------------------------------ properties over the options (issue 43)
+    Mutant(
+        "critical_warmup_checks_current_not_grown",
+        "tf_adabatch/critical_batch.py",
+        "wanted = critical >= self.margin * tf.cast(grown, tf.float64)",
+        "wanted = critical >= self.margin * tf.cast(current, tf.float64)",
+        (
+            "tests/test_policy_properties.py::test_critical_warmup_grows_by_its_factor_where_the_noise_scale_allows",
+        ),
+        "the warm-up grows only if the noise scale allows the grown batch",
+    ),
+    Mutant(
+        "seesaw_point_belongs_to_the_next_interval",
+        "tf_adabatch/critical_batch.py",
+        "tf.constant(self.decay_points, tf.float64) < tau",
+        "tf.constant(self.decay_points, tf.float64) <= tau",
+        (
+            "tests/test_policy_properties.py::test_seesaw_only_reaches_initial_times_powers_of_its_factor",
+        ),
+        "a decay point belongs to the interval before it (PiecewiseConstantDecay)",
+    ),
+    Mutant(
+        "simigrad_interval_off_by_one",
+        "tf_adabatch/policies.py",
+        "due = tf.equal(tf.math.floormod(tf.cast(stats.step, tf.int64), self.interval), 0)",
+        "due = tf.equal(tf.math.floormod(tf.cast(stats.step, tf.int64) + 1, self.interval), 0)",
+        ("tests/test_policy_properties.py::test_simigrad_moves_at_most_its_step_every_interval",),
+        "SimiGrad adjusts every `interval` applied steps",
+    ),
+    Mutant(
+        "simigrad_step_rounds_up_too_far",
+        "tf_adabatch/policies.py",
+        "tf.floor(self.step * tf.cast(k, tf.float64) + 0.5)",
+        "tf.floor(self.step * tf.cast(k, tf.float64) + 1.5)",
+        ("tests/test_policy_properties.py::test_simigrad_moves_at_most_its_step_every_interval",),
+        "SimiGrad moves by round(step x k) units, at least one",
+    ),
+    Mutant(
+        "skipped_step_feeds_the_policy",
+        "tf_adabatch/step_statistics.py",
+        """            lambda: tf.cast(batch, tf.float64),
+        )""",
+        """            lambda: tf.cast(self.policy.next_batch_size(batch, stats), tf.float64),
+        )""",
+        (
+            "tests/test_policy_properties.py::test_norm_test_grows_to_the_smallest_passing_multiple_and_never_shrinks",
+            "tests/test_policy_properties.py::test_critical_warmup_grows_by_its_factor_where_the_noise_scale_allows",
+            "tests/test_policy_properties.py::test_simigrad_moves_at_most_its_step_every_interval",
+        ),
+        "a skipped step leaves the policy and the batch alone",
+    ),
+    Mutant(
+        "norm_test_theta_not_squared",
+        "tf_adabatch/critical_batch.py",
+        "self.theta**2",
+        "self.theta",
+        (
+            "tests/test_policy_properties.py::test_norm_test_grows_to_the_smallest_passing_multiple_and_never_shrinks",
+        ),
+        "the norm test asks B >= noise scale / theta^2",
+    ),
+    # ------------------------------------------- the transformer's reference (issue 43)
+    Mutant(
+        "attention_on_the_raw_input",
+        "tf_adabatch/app/models.py",
+        "(h, h, use_causal_mask=True)",
+        "(x, x, use_causal_mask=True)",
+        ("tests/test_references.py",),
+        "pre-LayerNorm: attention reads the normalized input",
+    ),
+    Mutant(
+        "attention_keys_from_the_raw_input",
+        "tf_adabatch/app/models.py",
+        "(h, h, use_causal_mask=True)",
+        "(h, x, use_causal_mask=True)",
+        ("tests/test_references.py",),
+        "queries, keys and values all come from the normalized input",
+    ),
+    Mutant(
+        "feed_forward_relu",
+        "tf_adabatch/app/models.py",
+        'layers.Dense(4 * width, activation="gelu")(h)',
+        'layers.Dense(4 * width, activation="relu")(h)',
+        ("tests/test_references.py",),
+        "the feed-forward layer is a gelu",
+    ),
+    # ---------------------------------------------------------- packaging (issue 44)
+    Mutant(
+        "config_name_not_resolved",
+        "tf_adabatch/app/resources.py",
+        "    if name in config_names():",
+        "    if name in config_names() and False:",
+        (
+            "tests/test_launch.py::test_a_config_by_name_is_the_shipped_file_and_an_unknown_name_one_line",
+        ),
+        "--config=NAME runs the shipped config of that name",
+    ),
 ]
 
 
@@ -909,6 +1007,34 @@ def apply(copy: Path, mutant: Mutant) -> bool:
         return False
     path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
     return True
+
+
+def module_table(mutants: list[Mutant], rows: list[tuple[str, str, str]]) -> str:
+    """Per module: how many mutants were run and how many were caught.
+
+    >>> m = [Mutant("a", "tf_adabatch/x.py", "o", "n", (), ""),
+    ...      Mutant("b", "tf_adabatch/x.py", "o", "n", (), ""),
+    ...      Mutant("c", "tf_adabatch/y.py", "o", "n", (), "")]
+    >>> print(module_table(m, [("a", "CAUGHT", ""), ("b", "MISSED", ""), ("c", "CAUGHT", "")]))
+    <BLANKLINE>
+    | module | mutants | caught |
+    |---|---|---|
+    | tf_adabatch/x.py | 2 | 1 |
+    | tf_adabatch/y.py | 1 | 1 |
+    | all | 3 | 2 |
+    """
+    status = {name: state for name, state, _ in rows}
+    counts: dict[str, list[int]] = {}
+    for m in mutants:
+        if m.name in status:
+            entry = counts.setdefault(m.path, [0, 0])
+            entry[0] += 1
+            entry[1] += status[m.name] == "CAUGHT"
+    lines = ["", "| module | mutants | caught |", "|---|---|---|"]
+    lines += [f"| {path} | {n} | {caught} |" for path, (n, caught) in sorted(counts.items())]
+    total = [sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())]
+    lines.append(f"| all | {total[0]} | {total[1]} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -982,6 +1108,7 @@ def main() -> int:
     width = max(len(r[0]) for r in rows)
     for name, status, detail in rows:
         print(f"  {status:<12} {name:<{width}}  {detail}")
+    print(module_table(mutants, rows))
     bad = [r for r in rows if r[1] != "CAUGHT"]
     if bad:
         print(f"\n{len(bad)} mutant(s) not caught: {', '.join(r[0] for r in bad)}")
