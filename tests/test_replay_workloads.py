@@ -136,6 +136,20 @@ def test_goodput_moves_to_the_largest_batch_when_it_is_free() -> None:
     assert out.seconds is not None and out.seconds < 100.0
 
 
+def test_probing_climbs_to_the_largest_batch_when_it_is_free() -> None:
+    # The free workload above: the probe 16 measures gain 2 at 1 s against 1 at 1 s and
+    # moves (ladder 8, 16, 32), then probes two rungs up: 32 (gain 4).
+    base = _synthetic(0.75)
+    runs = {b: r._replace(grad_sqr=0 * r.grad_sqr) for b, r in base.runs.items()}
+    runs[32] = runs[32]._replace(iteration=runs[32].progress / 4)
+    free = StepTimeModel(compute_fixed=1.0, compute_per_example=0.0)
+    work = W.Workload("free", runs, base.target, free, 1, 8)
+    policy = W.make_policy("probing", work, 1)
+    out = W.replay_policy(work, 1, policy, decisions=8, calls=8)
+    assert out.final_batch == 32
+    assert out.seconds is not None and out.seconds < 100.0
+
+
 def test_rows_and_the_default_policy() -> None:
     rows = W.replay(["bert"], [64], ["default", "goodput"])
     keys = {"workload", "devices", "policy", "seconds_to_target", "static_batch"}

@@ -32,6 +32,7 @@ from tf_adabatch.policies import (
     StaticPolicy,
     StepStats,
 )
+from tf_adabatch.probing import ProbingGoodputPolicy
 from tf_adabatch.schedules import LR_RULES, AdaptiveLearningRate, LearningRateScale
 from tf_adabatch.state import AdaptiveState
 from tf_adabatch.throughput import ThroughputModel
@@ -55,6 +56,7 @@ __all__ = [
     "NonFiniteGradientsError",
     "NonFiniteUpdateError",
     "NormTestPolicy",
+    "ProbingGoodputPolicy",
     "ProgressBudget",
     "ReduceLROnPlateau",
     "SchedulePolicy",

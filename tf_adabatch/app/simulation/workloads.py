@@ -63,7 +63,11 @@ B_init) and the clock, the statistics it sees interpolated between the traces at
    `tf_adabatch.app.factories.make_policy`) with those bounds; "goodput" the launcher's
    goodput policy (`policy.kind = "goodput"`, its default hysteresis and a fresh
    `ThroughputModel`); "simigrad" SimiGrad's controller at the paper's ResNet-18 target
-   0.2 (the launcher's other SimiGrad defaults). SimiGrad sees the similarity estimated
+   0.2 (the launcher's other SimiGrad defaults); "probing" `tf_adabatch.ProbingGoodputPolicy`
+   with its defaults (B0 = B_init: the ladder B_init x 2^j; not a launcher kind). A probe
+   step of it is one of the `calls` steps of a decision point: a probe started at the
+   last one runs the whole spacing at the probe batch (its interval's doubling after
+   lost probes makes this rarer). SimiGrad sees the similarity estimated
    from the moments, |G|^2 / (|G|^2 + 2 tr(Sigma) / B) (`tf_adabatch.stats.
    estimated_similarity`), not a measured one: the traces hold no cosine.
 
@@ -114,9 +118,9 @@ __all__ = [
 ]
 
 DEVICES = (1, 4, 8, 16, 64)
-POLICIES = ("goodput", "default", "simigrad")
+POLICIES = ("goodput", "default", "simigrad", "probing")
 # The policies `replay` runs unless told otherwise (the 60 s budget of the launch script).
-REPLAYED = ("goodput", "default")
+REPLAYED = ("goodput", "default", "probing")
 DECISIONS = 64  # decision points over the traces' progress
 CALLS = 4  # optimizer steps through the policy object at each decision point
 _BEFORE = -1e30  # the (signed) metric before a trace's first evaluation
@@ -414,6 +418,11 @@ def make_policy(kind: str, workload: Workload, devices: int) -> Any:
     config.base_batch_size = workload.base_batch
     config.policy.initial_batch_size, config.policy.min_batch_size = limits[0], limits[0]
     config.policy.max_batch_size = limits[1]
+    if kind == "probing":
+        from tf_adabatch.probing import ProbingGoodputPolicy
+
+        return ProbingGoodputPolicy(initial_batch_size=limits[0], min_batch_size=limits[0],
+                                    max_batch_size=limits[1], base_batch_size=workload.base_batch)  # fmt: skip
     if kind == "goodput":
         config.policy.kind = "goodput"
     elif kind == "simigrad":
