@@ -100,6 +100,29 @@ class ThroughputModel(tf.Module):
             self._observe_fn = tf.function(self._observe, autograph=False)
         self._observe_fn(tf.constant(float(k), _F64), tf.constant(float(seconds), _F64))
 
+    def record(self, k: tf.Tensor, seconds: tf.Tensor, *, refit: bool = True) -> None:
+        """Adds one timing of a step of `k` micro-steps, graph-safe (float64 tensors;
+        inside a `tf.function` or eagerly; call `build` first). `observe` is the host's
+        way (it skips failed timings and compiles the call); this one is for code that
+        already runs in a graph, such as a simulator pricing steps with a model.
+        `refit=False` only appends to the window and leaves alpha, beta and ready as they
+        are (for a policy that reads the timings, not the line).
+
+        >>> model = ThroughputModel(min_timings_per_k=1)
+        >>> model.build()
+        >>> model.record(tf.constant(1.0, tf.float64), tf.constant(3.0, tf.float64))
+        >>> model.record(tf.constant(2.0, tf.float64), tf.constant(5.0, tf.float64))
+        >>> float(model.alpha), float(model.beta), int(model.count)
+        (1.0, 2.0, 2)
+        """
+        if refit:
+            self._observe(k, seconds)
+            return
+        slot = tf.reshape(self.count % self.window, [1, 1])
+        self.timings_k.scatter_nd_update(slot, tf.reshape(tf.cast(k, _F64), [1]))
+        self.timings_s.scatter_nd_update(slot, tf.reshape(tf.cast(seconds, _F64), [1]))
+        self.count.assign_add(1)
+
     def _observe(self, k: tf.Tensor, seconds: tf.Tensor) -> None:
         slot = tf.reshape(self.count % self.window, [1, 1])
         ks = tf.tensor_scatter_nd_update(self.timings_k.read_value(), slot, tf.reshape(k, [1]))

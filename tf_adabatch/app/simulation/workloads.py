@@ -433,16 +433,21 @@ def make_policy(kind: str, workload: Workload, devices: int) -> Any:
 
 def _decider(policy: Any, *, low: int, unit: int, base: int) -> Callable[..., Any]:
     """One optimizer step through `policy` (assumption 5), a concrete tf.function: from
-    (batch, steps so far, progress, the statistics and step times of every candidate
-    batch) to (the next batch, the step's gain, its seconds)."""
+    ((batch, steps so far, progress) in one float64 vector, the statistics and step times
+    of every candidate batch) to (the next batch, the step's gain, its seconds) in one
+    float64 vector (one conversion each way: the replay calls it thousands of times)."""
     import tensorflow as tf
 
     from tf_adabatch import policies, stats
+    from tf_adabatch.probing import ProbingGoodputPolicy
 
     observe = isinstance(policy, policies.GoodputPolicy)
+    # The probing policy reads the timings, not the fitted line: no refit per step.
+    refit = not isinstance(policy, ProbingGoodputPolicy)
     f64 = tf.float64
 
-    def run(b, step, tau, sqr, trace_sigma, seconds):  # type: ignore[no-untyped-def]
+    def run(state, sqr, trace_sigma, seconds):  # type: ignore[no-untyped-def]
+        b, step, tau = tf.cast(state[0], tf.int64), tf.cast(state[1], tf.int64), state[2]
         index = (b - low) // unit
         g2, tr = tf.gather(sqr, index), tf.gather(trace_sigma, index)
         cost, bf = tf.gather(seconds, index), tf.cast(b, f64)
@@ -459,12 +464,12 @@ def _decider(policy: Any, *, low: int, unit: int, base: int) -> Callable[..., An
         new = tf.cast(policy.next_batch_size(b, view), tf.int64)
         if observe:  # the host times the step after the policy decided
             with tf.control_dependencies([new]):
-                policy.throughput._observe(tf.cast(b // unit, f64), cost)
-        return new, r, cost
+                policy.throughput.record(tf.cast(b // unit, f64), cost, refit=refit)
+        return tf.stack([tf.cast(new, f64), r, cost])
 
-    scalar, vector = tf.TensorSpec([], tf.int64), tf.TensorSpec([None], f64)
+    vector = tf.TensorSpec([None], f64)
     return tf.function(run, autograph=False).get_concrete_function(
-        scalar, scalar, tf.TensorSpec([], f64), vector, vector, vector
+        tf.TensorSpec([3], f64), vector, vector, vector
     )
 
 
@@ -516,9 +521,8 @@ def replay_policy(
         sqr, var = (tf.constant(x) for x in workload.stats(tau, candidates))
         var = var * base
         for _ in range(calls):
-            new, r_t, t_t = decide(tf.constant(batch, tf.int64), tf.constant(count, tf.int64),
-                                   tf.constant(tau, tf.float64), sqr, var, table)  # fmt: skip
-            r, t = float(r_t), float(t_t)
+            out = decide(tf.constant([batch, count, tau], tf.float64), sqr, var, table).numpy()
+            new, r, t = out
             finish = goal[(batch - low) // unit]
             if tau + r >= finish:
                 part = max(finish - tau, 0.0) / r
