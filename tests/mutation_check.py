@@ -958,6 +958,23 @@ MUTANTS = [
         ),
         "--config=NAME runs the shipped config of that name",
     ),
+    # --------------------------------------------- probing goodput policy (issue 45)
+    Mutant(
+        "probing_hysteresis_ignored",
+        "tf_adabatch/probing.py",
+        "(rate_probe > (1.0 + self.hysteresis) * rate_home)",
+        "(rate_probe > rate_home)",
+        ("tests/test_probing.py",),
+        "a probe must beat home by the hysteresis to win (1.03x is not enough at 5 %)",
+    ),
+    Mutant(
+        "probing_lost_probe_keeps_direction",
+        "tf_adabatch/probing.py",
+        "tf.where(decide, tf.where(better, sign, -sign), self.direction.read_value())",
+        "tf.where(decide, sign, self.direction.read_value())",
+        ("tests/test_probing.py",),
+        "a lost probe turns the search around",
+    ),
 ]
 
 

@@ -90,6 +90,15 @@ def test_a_probe_at_the_top_goes_down_and_median_timings() -> None:
     assert run(64) == 32
 
 
+def test_a_probe_within_the_hysteresis_does_not_move() -> None:
+    # Gain B / 8; T(8) = 1 s, T(16) = 2 / 1.03 s: rate(16) = 1.03 against rate(8) = 1,
+    # below 1.05 x 1: stay at 8 (with hysteresis 0.02 it moves).
+    for hysteresis, moved in ((0.05, 8), (0.02, 16)):
+        policy = _policy(hysteresis=hysteresis)
+        run = _Run(policy, lambda b: b / 8, lambda b: 1.0 if b == 8 else 2 / 1.03)
+        assert [run(8), run(16), run(8)] == [16, 8, moved]
+
+
 def test_non_finite_gain_neither_starts_nor_keeps_a_probe() -> None:
     policy = _policy()
     run = _Run(policy, lambda b: math.nan, lambda b: 1.0)
