@@ -39,6 +39,9 @@ from ml_collections import config_flags
 
 from tf_adabatch._quiet_import import import_tensorflow_quietly
 
+# The entry points (`run_cli`, `main`, `parse_flags`) run absl; the one pure helper:
+__all__ = ["resolve_config_argument"]
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,

@@ -44,22 +44,38 @@ def _package_dir(package: str) -> str:
 
 
 def configs_dir() -> str:
-    """The folder of the shipped job configs (`configs/` in a checkout)."""
+    """The folder of the shipped job configs (`configs/` in a checkout).
+
+    >>> os.path.isfile(os.path.join(configs_dir(), "fashion_mnist.py"))
+    True
+    """
     return _package_dir(CONFIGS_PACKAGE)
 
 
 def profiles_dir() -> str:
-    """The folder of the step-time profiles (`configs/profiles/` in a checkout)."""
+    """The folder of the step-time profiles (`configs/profiles/` in a checkout).
+
+    >>> os.path.isfile(os.path.join(profiles_dir(), "cifar10_resnet18_t4.py"))
+    True
+    """
     return _package_dir(f"{CONFIGS_PACKAGE}.profiles")
 
 
 def traces_dir() -> str:
-    """The folder of the Pollux / AdaptDL traces (`configs/profiles/pollux_traces/`)."""
+    """The folder of the Pollux / AdaptDL traces (`configs/profiles/pollux_traces/`).
+
+    >>> sorted(os.listdir(os.path.join(traces_dir(), "bert")))[:2]
+    ['placements.csv', 'scalability.csv']
+    """
     return os.path.join(profiles_dir(), "pollux_traces")
 
 
 def config_names() -> list[str]:
-    """The shipped job configs by name (each has a `get_config()`; `base` is their base)."""
+    """The shipped job configs by name (each has a `get_config()`; `base` is their base).
+
+    >>> "synthetic" in config_names() and "base" not in config_names()
+    True
+    """
     return sorted(
         entry[:-3]
         for entry in os.listdir(configs_dir())

@@ -9,3 +9,5 @@
 Each takes its script's flags as a frozen `Options`; matplotlib (the `bench` extra) is
 imported only by the plotting functions.
 """
+
+__all__: list[str] = []  # the modules are the API: import them by name

@@ -99,6 +99,16 @@ VARIANTS: dict[str, tuple[str, str, str | None]] = {
     "baseline_step": ("static", "none", "1"),
 }
 # The oracle's candidates: the static batches in [B0, S B0].
+__all__ = [
+    "Options",
+    "batch_by_tenth",
+    "priced_seconds",
+    "ratio_interval",
+    "run_plan",
+    "seconds_to",
+    "time_to_accuracy",
+]
+
 STATIC_VARIANTS = ("baseline", "static_2x", "static_4x", "static_8x", "adascale_16x")
 # Further overrides of some variants.
 EXTRA: dict[str, dict[str, Any]] = {

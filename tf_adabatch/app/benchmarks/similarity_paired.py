@@ -51,17 +51,11 @@ from absl import app
 
 __all__ = [
     "Options",
-    "following",
+    "follow",
     "group_a_mask",
     "interval",
-    "measure",
     "paired_row",
-    "policy_moves",
-    "run",
     "settled_batch",
-    "settling",
-    "summarise",
-    "train_to",
 ]
 
 

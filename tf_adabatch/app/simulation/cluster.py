@@ -68,25 +68,27 @@ from tf_adabatch.app import resources
 
 __all__ = [
     "STRATEGIES",
+    "Result",
     "Run",
     "SimulationError",
+    "allreduce_seconds",
     "check_profile",
-    "collect_timings",
     "device_counts",
+    "fit_machine",
     "format_table",
     "gains",
+    "infer_base_batch_size",
     "load_profile",
-    "measure",
-    "measure_worker",
+    "min_batch",
     "parse_ks",
     "plot",
     "project",
-    "project_run",
     "read_run",
     "resolve_profile",
     "simulate",
     "step_seconds",
     "validate_model",
+    "worker_command",
 ]
 
 STRATEGIES = ("static_b0", "adascale_16x", "simigrad_replay", "goodput")

@@ -150,7 +150,12 @@ TARGETS = {
 
 
 class Run(NamedTuple):
-    """A trace's run at one fixed batch: one row per epoch (`validation-<B>.csv`)."""
+    """A trace's run at one fixed batch: one row per epoch (`validation-<B>.csv`).
+
+    >>> run = Workload.load("cifar10").runs[128]  # 100 epochs, 39,062 steps of 128
+    >>> len(run.progress), int(run.iteration[-1])
+    (100, 39062)
+    """
 
     progress: np.ndarray
     iteration: np.ndarray
@@ -376,7 +381,12 @@ class Workload:
 
 def static_seconds(workload: Workload, batch: int, devices: int) -> float | None:
     """Seconds to the target at a static validated `batch` on `devices` GPUs, from the
-    trace alone (steps read off it x the step time); None if infeasible or never reached."""
+    trace alone (steps read off it x the step time); None if infeasible or never reached.
+
+    >>> cifar10 = Workload.load("cifar10")
+    >>> round(static_seconds(cifar10, 128, 1)), static_seconds(cifar10, 128, 64)
+    (3066, None)
+    """
     if batch / devices < workload.min_local:
         return None
     steps = workload.trace_steps(batch)
@@ -400,7 +410,11 @@ def bounds(workload: Workload, devices: int) -> tuple[int, int] | None:
 
 def make_policy(kind: str, workload: Workload, devices: int) -> Any:
     """The policy `kind` of `POLICIES` (or "static:<B>") as the launcher builds it, with the
-    replay's bounds (module docstring, assumption 6); None if no batch is feasible."""
+    replay's bounds (module docstring, assumption 6); None if no batch is feasible.
+
+    >>> type(make_policy("goodput", Workload.load("cifar10"), 8)).__name__
+    'GoodputPolicy'
+    """
     from tf_adabatch import policies
     from tf_adabatch.app.configs import base
 
@@ -475,7 +489,11 @@ def _decider(policy: Any, *, low: int, unit: int, base: int) -> Callable[..., An
 
 class Outcome(NamedTuple):
     """An adaptive run's replay: seconds to the target (None: never reached), optimizer
-    steps, and the batch it ran, averaged over steps and at the end."""
+    steps, and the batch it ran, averaged over steps and at the end.
+
+    >>> Outcome(seconds=None, steps=10.0, mean_batch=64.0, final_batch=64).seconds is None
+    True
+    """
 
     seconds: float | None
     steps: float
@@ -492,7 +510,13 @@ def replay_policy(
     calls: int = CALLS,
 ) -> Outcome:
     """Replays `policy` (a built-or-not `tf_adabatch.BatchPolicy`) on `devices` GPUs to the
-    target (module docstring, assumptions 1-6)."""
+    target (module docstring, assumptions 1-6).
+
+    >>> bert = Workload.load("bert")
+    >>> out = replay_policy(bert, 4, make_policy("goodput", bert, 4))
+    >>> out.seconds > 0, out.final_batch % 4
+    (True, 0)
+    """
     import tensorflow as tf
 
     if not isinstance(decisions, int) or decisions < 1:
@@ -558,7 +582,12 @@ def replay(
     """One row per (workload, devices, policy): keys `workload`, `devices`, `policy`
     ("static" or a kind of `POLICIES`), `seconds_to_target` (None if never reached or
     infeasible), `static_batch` (the batch of a static row, else None) and, for adaptive
-    rows, `mean_batch` and `final_batch`."""
+    rows, `mean_batch` and `final_batch`.
+
+    >>> rows = replay(["bert"], [1], kinds=())  # the static rows alone
+    >>> [(r["policy"], r["static_batch"]) for r in rows][:2]
+    [('static', 12), ('static', 24)]
+    """
     rows: list[dict[str, Any]] = []
     for name in names:
         workload = Workload.load(name)
@@ -581,7 +610,12 @@ def replay(
 
 class Check(NamedTuple):
     """Leave-one-out check of one trace: its steps to the target as read off it, as the
-    replay predicts them from the other traces, and with every trace (in-sample)."""
+    replay predicts them from the other traces, and with every trace (in-sample).
+
+    >>> Check(128, trace_steps=100.0, predicted=105.0, error=0.05, in_sample=101.0,
+    ...       in_sample_error=0.01).error
+    0.05
+    """
 
     batch: int
     trace_steps: float
