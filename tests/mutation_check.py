@@ -599,8 +599,8 @@ MUTANTS = [
     Mutant(
         "throughput_window_not_circular",
         "tf_adabatch/throughput.py",
-        "slot = tf.reshape(self.count % self.window, [1, 1])",
-        "slot = tf.reshape(tf.minimum(self.count, self.window - 1), [1, 1])",
+        "return tf.reshape(self.count % self.window, [1, 1])",
+        "return tf.reshape(tf.minimum(self.count, self.window - 1), [1, 1])",
         ("tests/test_goodput.py",),
         "a full window replaces its oldest timing, so the model follows a changed machine",
     ),

@@ -118,13 +118,17 @@ class ThroughputModel(tf.Module):
         if refit:
             self._observe(k, seconds)
             return
-        slot = tf.reshape(self.count % self.window, [1, 1])
+        slot = self._slot()
         self.timings_k.scatter_nd_update(slot, tf.reshape(tf.cast(k, _F64), [1]))
         self.timings_s.scatter_nd_update(slot, tf.reshape(tf.cast(seconds, _F64), [1]))
         self.count.assign_add(1)
 
+    def _slot(self) -> tf.Tensor:
+        """Where the next timing goes: the window is a ring (the oldest is replaced)."""
+        return tf.reshape(self.count % self.window, [1, 1])
+
     def _observe(self, k: tf.Tensor, seconds: tf.Tensor) -> None:
-        slot = tf.reshape(self.count % self.window, [1, 1])
+        slot = self._slot()
         ks = tf.tensor_scatter_nd_update(self.timings_k.read_value(), slot, tf.reshape(k, [1]))
         times = tf.tensor_scatter_nd_update(
             self.timings_s.read_value(), slot, tf.reshape(seconds, [1])
