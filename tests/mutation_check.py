@@ -975,6 +975,22 @@ MUTANTS = [
         ("tests/test_probing.py",),
         "a lost probe turns the search around",
     ),
+    Mutant(
+        "lr_config_drops_gain_power",
+        "tf_adabatch/schedules.py",
+        '"gain_power": self.gain_power,',
+        '"gain_power": 1.0,',
+        ("tests/test_roundtrip_properties.py",),
+        "a saved learning-rate rule keeps its non-default gain power",
+    ),
+    Mutant(
+        "lr_config_drops_warmup",
+        "tf_adabatch/schedules.py",
+        '"warmup_steps": self.warmup_steps,',
+        '"warmup_steps": 0,',
+        ("tests/test_roundtrip_properties.py",),
+        "a saved linear rule keeps its warm-up",
+    ),
 ]
 
 
