@@ -771,9 +771,9 @@ MUTANTS = [
         "if digest != SHA256[split]:",
         "if False:",
         (
-            "tests/test_text_lm.py::test_another_standard_library_is_refused_with_the_split_and_both_hashes",
+            "tests/test_text_lm.py::test_a_corpus_that_differs_is_refused_with_one_line_naming_the_split_and_both_hashes",
         ),
-        "another interpreter's files must not silently become another corpus",
+        "a corpus that differs from the pinned one must not silently train",
     ),
     Mutant(
         "transformer_sees_the_future",
@@ -990,6 +990,77 @@ MUTANTS = [
         '"warmup_steps": 0,',
         ("tests/test_roundtrip_properties.py",),
         "a saved linear rule keeps its warm-up",
+    ),
+    # -------------------------------------------- Keras 3.10-3.15 seams (issue 41)
+    Mutant(
+        "keras_epoch_pairs_passed_as_triples",
+        "tf_adabatch/_keras_seams.py",
+        "    triples = epoch_items_are_triples()",
+        "    triples = True",
+        (
+            "tests/test_keras_versions.py::test_the_engines_steps_reach_fit_in_the_shape_its_epoch_loop_unpacks",
+        ),
+        "before Keras 3.11 fit's epoch loop unpacks pairs",
+    ),
+    Mutant(
+        "keras_epoch_pairs_of_the_begin_step",
+        "tf_adabatch/_keras_seams.py",
+        "            yield end_step, iterator",
+        "            yield _, iterator",
+        (
+            "tests/test_keras_versions.py::test_the_engines_steps_reach_fit_in_the_shape_its_epoch_loop_unpacks",
+        ),
+        "the pair carries the block's end step",
+    ),
+    Mutant(
+        "keras_activity_sum_not_refused",
+        "tf_adabatch/_keras_seams.py",
+        "        if regularized:",
+        "        if False:",
+        (
+            "tests/test_keras_versions.py::test_an_activity_regularizer_is_refused_before_any_update_where_keras_sums_it",
+        ),
+        "where Keras sums activity losses, a model with one is refused",
+    ),
+    Mutant(
+        "keras_activity_probe_inverted",
+        "tf_adabatch/_keras_seams.py",
+        "    return value == 1.0",
+        "    return value == 2.0",
+        (
+            "tests/test_keras_private.py::test_activity_regularizer_loss_scaling_is_what_the_probe_says",
+        ),
+        "the probe of Keras's activity-loss scaling",
+    ),
+    Mutant(
+        "keras_lr_hook_not_redirected",
+        "tf_adabatch/_keras_seams.py",
+        "    if lr_callbacks_redirectable() or optimizer is None:",
+        "    if True:",
+        (
+            "tests/test_keras_versions.py::test_a_plateau_reduces_the_base_rate_where_keras_sets_the_rate_inline",
+        ),
+        "before 3.15 the learning-rate callbacks see the base rate",
+    ),
+    Mutant(
+        "keras_lr_logs_the_base_rate",
+        "tf_adabatch/_keras_seams.py",
+        '        logs["learning_rate"] = rate',
+        "        pass",
+        (
+            "tests/test_keras_versions.py::test_a_schedule_sets_the_base_rate_and_the_optimizers_rate_is_logged_where_keras_sets_it_inline",
+        ),
+        "the logged rate is the optimizer's own",
+    ),
+    Mutant(
+        "keras_lr_users_subclass_hook_not_redirected",
+        "tf_adabatch/_keras_seams.py",
+        '        attrs["on_epoch_end"] = epoch_end',
+        "        pass",
+        (
+            "tests/test_keras_versions.py::test_a_plateau_reduces_the_base_rate_where_keras_sets_the_rate_inline",
+        ),
+        "a user's subclass of the callbacks is redirected too",
     ),
 ]
 
