@@ -1161,6 +1161,12 @@ def main() -> int:
             bad += found != 1
             anchor = "anchor ok" if found == 1 else f"ANCHOR FOUND {found} TIMES"
             print(f"{m.name} ({anchor})\n  {m.path}: {m.why}\n  tests: {', '.join(m.tests)}")
+        counts: dict[str, int] = {}
+        for m in mutants:
+            counts[m.path] = counts.get(m.path, 0) + 1
+        print("\n| module | mutants |\n|---|---|")
+        print("\n".join(f"| {path} | {n} |" for path, n in sorted(counts.items())))
+        print(f"| all | {len(mutants)} |")
         return 1 if bad else 0
 
     start = time.time()
