@@ -8,8 +8,12 @@ script `tf-adabatch-train`; `--config` also takes a shipped config by name
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+# Config files written for a checkout import `configs.base` (the shipped ones now import
+# `tf_adabatch.app.configs.base`, which works installed too): the repository root first.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tf_adabatch.app.cli import _interrupted, fail, main, parse_flags, run_cli
 
