@@ -66,3 +66,50 @@ def get_strategy(
 @pytest.fixture(autouse=True)
 def _doctest_names(doctest_namespace: dict) -> None:
     doctest_namespace.update(tf=tf, keras=keras, np=np, tf_adabatch=tf_adabatch)
+
+
+# The fast tier, `pytest -m "not slow"` (CONTRIBUTING: its time): every test of these
+# files is marked `slow`. They start launcher or worker subprocesses, build wheels, train
+# whole runs, or replay golden trajectories; CI runs them all.
+SLOW_FILES = frozenset(
+    {
+        "test_benchmarks.py",
+        "test_checkpoints.py",
+        "test_clock.py",
+        "test_cluster.py",
+        "test_docs_commands.py",
+        "test_engine_golden.py",
+        "test_faults.py",
+        "test_fit_keras.py",
+        "test_golden_trajectory.py",
+        "test_goodput.py",
+        "test_guarantees.py",
+        "test_honest_failures.py",
+        "test_launch.py",
+        "test_launch_blocks.py",
+        "test_mixed_precision.py",
+        "test_multiworker.py",
+        "test_packaging.py",
+        "test_preemption.py",
+        "test_reliability.py",
+        "test_second_day.py",
+        "test_simulate_cluster.py",
+        "test_steps_per_execution.py",
+        "test_topology.py",
+        "test_workdir.py",
+        "test_xla_step.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seen = set()
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+            seen.add(item.path.name)
+    # Collecting the whole suite: a renamed or removed file must leave the list too.
+    if len(items) > 500 and seen != SLOW_FILES:
+        raise pytest.UsageError(
+            f"conftest.SLOW_FILES names no tests in {sorted(SLOW_FILES - seen)}"
+        )
