@@ -8,7 +8,7 @@ Fields (every one is validated by `tf_adabatch.app.validate_config`):
                             process-wide; slower): a resumed run then ends exactly where an
                             uninterrupted one does
   dataset                   fashion_mnist | digits | synthetic | python_text (byte windows
-                            of the Python standard library's source, for the transformer)
+                            of 100 generated Python modules, seed-fixed, for the transformer)
   model                     cnn | mlp (images) | transformer (token sequences)
   strategy                  mirrored | one_device | multi_worker | tpu
   cluster                   multi_worker only: how the workers find each other:

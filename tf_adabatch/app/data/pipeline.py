@@ -78,9 +78,9 @@ def load_arrays(name: str, *, seed: int = 0) -> tuple[Arrays, Arrays, int]:
     - "digits": scikit-learn's 1,797 8x8 digits, split 1,497/300 with `seed`.
     - "synthetic": 4,096/1,024 random 8x8 images whose label is a fixed linear rule
       (learnable, noisy enough for the statistics), for tests.
-    - "python_text": byte windows (N, 64) int32 of the Python standard library's source,
-      labels the next byte at each position (N, 64), 256 classes, split by file
-      (`tf_adabatch.app.data.python_text`: pinned file lists and hashes).
+    - "python_text": byte windows (N, 64) int32 of 100 modules of Python source
+      generated from a fixed seed, labels the next byte at each position (N, 64), 256
+      classes, split by module (`tf_adabatch.app.data.python_text`: pinned by hashes).
 
     Example:
 
