@@ -1062,6 +1062,23 @@ MUTANTS = [
         ),
         "a user's subclass of the callbacks is redirected too",
     ),
+    # ------------------------------------- the benchmark and simulation modules (issue 44)
+    Mutant(
+        "priced_seconds_skips_the_evaluation_step",
+        "tf_adabatch/app/benchmarks/efficiency.py",
+        "        total += model.step_seconds(batch, devices)\n        at_step[int(step)] = total",
+        "        at_step[int(step)] = total\n        total += model.step_seconds(batch, devices)",
+        ("tf_adabatch/app/benchmarks/efficiency.py", "tests/test_benchmarks.py"),
+        "an evaluation's priced seconds include its own step",
+    ),
+    Mutant(
+        "cluster_compute_ignores_parallel_devices",
+        "tf_adabatch/app/simulation/cluster.py",
+        "np.asarray(batch, np.float64) / parallel",
+        "np.asarray(batch, np.float64) / devices",
+        ("tests/test_simulate_cluster.py",),
+        "a machine computes at most parallel_devices shares at once",
+    ),
 ]
 
 
