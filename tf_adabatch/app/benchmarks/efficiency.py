@@ -75,11 +75,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from absl import app
+
+from tf_adabatch.app.benchmarks import FlagOptions
 
 # name -> (batch-size policy, learning-rate rule, static batch in units of B0 or None).
 VARIANTS: dict[str, tuple[str, str, str | None]] = {
@@ -139,7 +141,7 @@ REFERENCE_TAGS = ("target_similarity", "min_batch_size", "max_batch_size")
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(FlagOptions):
     """The benchmark's options: the flags of `launch/benchmark_efficiency.py`, one field each.
 
     List flags are kept as tuples of their strings, as given on the command line.
@@ -163,17 +165,6 @@ class Options:
     metric: str = "accuracy"
     clock_profiles: tuple[str, ...] = ()
     clock_devices: tuple[str, ...] = ("1", "8", "64")
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, list):
-                object.__setattr__(self, field.name, tuple(value))
-
-    @classmethod
-    def from_flags(cls, values: Any) -> Options:
-        """The options from absl's flag values (`flags.FLAGS`), read by field name."""
-        return cls(**{field.name: getattr(values, field.name) for field in fields(cls)})
 
 
 def _flags_for(

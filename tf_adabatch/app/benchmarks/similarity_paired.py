@@ -42,12 +42,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from absl import app
+
+from tf_adabatch.app.benchmarks import FlagOptions
 
 __all__ = [
     "Options",
@@ -60,7 +62,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(FlagOptions):
     """The measurement's options: the flags of `launch/similarity_paired.py` but `--config`
     (the config, its file and its overrides are arguments of `run`).
 
@@ -78,17 +80,6 @@ class Options:
     bootstrap: int = 2000
     seed: int = 0
     timeout_per_stage: int = 1800
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, list):
-                object.__setattr__(self, field.name, tuple(value))
-
-    @classmethod
-    def from_flags(cls, values: Any) -> Options:
-        """The options from absl's flag values (`flags.FLAGS`), read by field name."""
-        return cls(**{field.name: getattr(values, field.name) for field in fields(cls)})
 
 
 def group_a_mask(num_replicas: int, k: int) -> np.ndarray:
