@@ -46,13 +46,13 @@ setup(
     description="Adaptive batch sizes (SimiGrad) and AdaScale learning rates for tf.distribute and Keras.",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    # An SPDX expression (setuptools deprecates the License classifiers in its favour).
     license="Apache-2.0",
     license_files=["LICENSE"],
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",

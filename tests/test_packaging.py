@@ -98,7 +98,8 @@ def test_the_wheel_metadata(dist: Path) -> None:
     assert meta["Name"] == "tf_adabatch"
     assert meta["Version"] == tf_adabatch.__version__
     assert meta["Requires-Python"] == ">=3.11"
-    assert "License :: OSI Approved :: Apache Software License" in meta.get_all("Classifier")
+    assert meta["License"] == "Apache-2.0"
+    assert "Programming Language :: Python :: 3.11" in meta.get_all("Classifier")
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith("LICENSE") for n in files)
     (entry_points,) = [n for n in files if n.endswith(".dist-info/entry_points.txt")]
     assert "tf-adabatch-train = tf_adabatch.app.cli:run_cli" in files[entry_points].decode()
