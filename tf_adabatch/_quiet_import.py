@@ -25,7 +25,8 @@ def import_tensorflow_quietly() -> None:
     """
     if "tensorflow" in sys.modules:
         return
-    level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or 0)
+    value = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip()
+    level = int(value) if value.isdigit() else 0  # an unreadable level filters nothing
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:
